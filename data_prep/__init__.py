@@ -1,0 +1,1 @@
+"""Corpus -> tokenizer -> sharded memory-mapped token files (.bin/.idx) -> manifest; verify."""

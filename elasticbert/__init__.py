@@ -1,0 +1,43 @@
+"""ElasticBERT: BERT with an exit at every layer, shared by pre-training, fine-tuning and early-exit inference.
+
+`import elasticbert` registers the classes with `AutoConfig` / `AutoModel*`, so `AutoModel.from_pretrained(dir)`
+works on our exports with no remote code.
+"""
+
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForPreTraining,
+    AutoModelForSequenceClassification,
+)
+
+from .configuration import ElasticBertConfig
+from .gradient_equilibrium import equilibrium_weights, rescale_gradient
+from .loading import CheckpointError, LoadReport, load_pretrained, minilm_dir
+from .modeling import (
+    ElasticBertForPreTraining,
+    ElasticBertForSequenceClassification,
+    ElasticBertModel,
+    ElasticBertPreTrainedModel,
+    exit_groups,
+)
+
+AutoConfig.register("elasticbert", ElasticBertConfig, exist_ok=True)
+AutoModel.register(ElasticBertConfig, ElasticBertModel, exist_ok=True)
+AutoModelForPreTraining.register(ElasticBertConfig, ElasticBertForPreTraining, exist_ok=True)
+AutoModelForSequenceClassification.register(ElasticBertConfig, ElasticBertForSequenceClassification, exist_ok=True)
+
+__all__ = [
+    "CheckpointError",
+    "ElasticBertConfig",
+    "ElasticBertForPreTraining",
+    "ElasticBertForSequenceClassification",
+    "ElasticBertModel",
+    "ElasticBertPreTrainedModel",
+    "LoadReport",
+    "equilibrium_weights",
+    "exit_groups",
+    "load_pretrained",
+    "minilm_dir",
+    "rescale_gradient",
+]

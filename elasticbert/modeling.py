@@ -1,0 +1,542 @@
+"""ElasticBERT: a post-LN BERT whose every layer can be an exit.
+
+Module and parameter names follow the released `fnlp/elasticbert-base` checkpoints (`elasticbert.embeddings.*`,
+`elasticbert.encoder.layer.{i}.*`, per-layer poolers `elasticbert.encoder.pooler.{i}.dense.*`), so those load with no
+missing or unexpected keys, and plain BERT layers map one to one (see `elasticbert.loading`).
+
+Two things differ from `transformers.BertModel` on purpose:
+- the forward pass returns the hidden state of every requested exit layer and stops at the deepest one;
+- the MLM head runs only at masked positions (gathered first) and the vocabulary projection of all active exits is one
+  matrix product: with 12 exits, dense logits at every token would cost several times the encoder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from transformers import PreTrainedModel
+from transformers.activations import ACT2FN
+from transformers.utils import ModelOutput
+
+from .configuration import ElasticBertConfig, validate_exit_layers
+from .gradient_equilibrium import equilibrium_weights, rescale_gradient
+
+# ----------------------------------------------------------------------------------------------------------- encoder
+
+
+class ElasticBertEmbeddings(nn.Module):
+    def __init__(self, config: ElasticBertConfig) -> None:
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        seq_len = input_ids.shape[1]
+        if seq_len > self.position_embeddings.num_embeddings:
+            raise ValueError(
+                f"sequence length {seq_len} exceeds max_position_embeddings={self.position_embeddings.num_embeddings}"
+            )
+        if position_ids is None:
+            position_ids = torch.arange(seq_len, device=input_ids.device).unsqueeze(0)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings(position_ids)
+        return self.dropout(self.LayerNorm(x))
+
+
+class ElasticBertSelfAttention(nn.Module):
+    def __init__(self, config: ElasticBertConfig) -> None:
+        super().__init__()
+        self.num_attention_heads = config.num_attention_heads
+        self.attention_head_size = config.head_dim
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_prob = config.attention_probs_dropout_prob
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.num_attention_heads, self.attention_head_size).transpose(1, 2)
+
+    def forward(self, hidden: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        q, k, v = self._heads(self.query(hidden)), self._heads(self.key(hidden)), self._heads(self.value(hidden))
+        context = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout_prob if self.training else 0.0
+        )
+        b, _, t, _ = context.shape
+        return context.transpose(1, 2).reshape(b, t, -1)
+
+
+class ElasticBertSelfOutput(nn.Module):
+    def __init__(self, config: ElasticBertConfig, in_features: int | None = None) -> None:
+        super().__init__()
+        self.dense = nn.Linear(in_features or config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
+
+
+class ElasticBertAttention(nn.Module):
+    def __init__(self, config: ElasticBertConfig) -> None:
+        super().__init__()
+        self.self = ElasticBertSelfAttention(config)
+        self.output = ElasticBertSelfOutput(config)
+
+    def forward(self, hidden: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        return self.output(self.self(hidden, attn_mask), hidden)
+
+
+class ElasticBertIntermediate(nn.Module):
+    def __init__(self, config: ElasticBertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.intermediate_act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.intermediate_act_fn(self.dense(hidden))
+
+
+class ElasticBertOutput(ElasticBertSelfOutput):
+    def __init__(self, config: ElasticBertConfig) -> None:
+        super().__init__(config, in_features=config.intermediate_size)
+
+
+class ElasticBertLayer(nn.Module):
+    def __init__(self, config: ElasticBertConfig) -> None:
+        super().__init__()
+        self.attention = ElasticBertAttention(config)
+        self.intermediate = ElasticBertIntermediate(config)
+        self.output = ElasticBertOutput(config)
+
+    def forward(self, hidden: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        attended = self.attention(hidden, attn_mask)
+        return self.output(self.intermediate(attended), attended)
+
+
+class ElasticBertPooler(nn.Module):
+    """dense -> tanh on the [CLS] state; one per layer, shared by the SOP head and the linear classifier exit."""
+
+    def __init__(self, config: ElasticBertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.dense(hidden[:, 0]))
+
+
+class ElasticBertEncoder(nn.Module):
+    def __init__(self, config: ElasticBertConfig) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList([ElasticBertLayer(config) for _ in range(config.num_hidden_layers)])
+        self.pooler = nn.ModuleList([ElasticBertPooler(config) for _ in range(config.num_hidden_layers)])
+        self.gradient_checkpointing = False
+
+    def run_layer(self, index: int, hidden: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+        """Layer `index` (0-based), with activation checkpointing when enabled and training."""
+        layer = self.layer[index]
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            return checkpoint(layer, hidden, attn_mask, use_reentrant=False)
+        return layer(hidden, attn_mask)
+
+
+# ------------------------------------------------------------------------------------------------------------ models
+
+
+class ElasticBertPreTrainedModel(PreTrainedModel):
+    config_class = ElasticBertConfig
+    base_model_prefix = "elasticbert"
+    supports_gradient_checkpointing = True
+    _keys_to_ignore_on_load_unexpected = [r"position_ids", r"token_type_ids$"]
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, ElasticBertPreTrainingHeads):
+            nn.init.zeros_(module.predictions.bias)
+
+    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func: object = None) -> None:
+        for module in self.modules():
+            if isinstance(module, ElasticBertEncoder):
+                module.gradient_checkpointing = enable
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
+        """Recompute each layer in the backward pass (saves activation memory at seq 512 / large)."""
+        self._set_gradient_checkpointing(True)
+
+    def gradient_checkpointing_disable(self) -> None:
+        self._set_gradient_checkpointing(False)
+
+
+@dataclass
+class ElasticBertModelOutput(ModelOutput):
+    """Hidden states at the requested exits (in `exit_layers` order); `last_hidden_state` is the deepest one."""
+
+    last_hidden_state: torch.Tensor | None = None
+    exit_hidden_states: tuple[torch.Tensor, ...] | None = None
+    exit_layers: tuple[int, ...] | None = None
+    pooled_outputs: tuple[torch.Tensor, ...] | None = None
+
+
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """Losses in at least fp32: bf16/fp16 logits are upcast, fp32/fp64 left alone."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def attention_mask_for_sdpa(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """[B, T] 1/0 padding mask -> [B, 1, 1, T] boolean mask for SDPA (True = attend); None when nothing is padded."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    return attention_mask[:, None, None, :].bool()
+
+
+class ElasticBertModel(ElasticBertPreTrainedModel):
+    """The encoder with per-layer poolers. `exit_layers` picks which hidden states come back; compute stops at the
+    deepest of them. `gradient_equilibrium=True` rescales gradients at the exits (see `gradient_equilibrium`)."""
+
+    def __init__(self, config: ElasticBertConfig) -> None:
+        super().__init__(config)
+        self.embeddings = ElasticBertEmbeddings(config)
+        self.encoder = ElasticBertEncoder(config)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embeddings.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        exit_layers: Sequence[int] | None = None,
+        gradient_equilibrium: bool = False,
+        output_pooled: bool = False,
+        **unused: object,
+    ) -> ElasticBertModelOutput:
+        if unused:
+            raise TypeError(f"ElasticBertModel.forward got unexpected arguments: {sorted(unused)}")
+        num_layers = self.config.num_hidden_layers
+        exits = validate_exit_layers(exit_layers or range(1, num_layers + 1), num_layers)
+        weights = equilibrium_weights(exits) if gradient_equilibrium else {}
+        attn_mask = attention_mask_for_sdpa(attention_mask)
+
+        hidden = self.embeddings(input_ids, token_type_ids, position_ids)
+        outputs, pooled = [], []
+        for index in range(exits[-1]):
+            hidden = self.encoder.run_layer(index, hidden, attn_mask)
+            layer = index + 1
+            if layer not in exits:
+                continue
+            exit_hidden = hidden
+            if layer in weights:
+                to_head, to_deeper = weights[layer]
+                exit_hidden = rescale_gradient(hidden, to_head)
+                hidden = rescale_gradient(exit_hidden, to_deeper)
+            outputs.append(exit_hidden)
+            if output_pooled:
+                pooled.append(self.encoder.pooler[index](exit_hidden))
+        return ElasticBertModelOutput(
+            last_hidden_state=outputs[-1],
+            exit_hidden_states=tuple(outputs),
+            exit_layers=tuple(exits),
+            pooled_outputs=tuple(pooled) if output_pooled else None,
+        )
+
+
+# ------------------------------------------------------------------------------------------------- pre-training
+
+
+class ElasticBertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: ElasticBertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.transform_act_fn = ACT2FN[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.transform_act_fn(self.dense(hidden)))
+
+
+class ElasticBertLMPredictions(nn.Module):
+    """Per-exit transforms feeding one decoder (tied to the word embeddings) with one shared bias."""
+
+    def __init__(self, config: ElasticBertConfig) -> None:
+        super().__init__()
+        self.transform = nn.ModuleList(
+            [ElasticBertPredictionHeadTransform(config) for _ in range(config.num_hidden_layers)]
+        )
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def logits(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Vocabulary logits of exit `layer` (1-based) for any [..., H] hidden states."""
+        return self.decoder(self.transform[layer - 1](hidden)) + self.bias
+
+
+class ElasticBertPreTrainingHeads(nn.Module):
+    def __init__(self, config: ElasticBertConfig) -> None:
+        super().__init__()
+        self.predictions = ElasticBertLMPredictions(config)
+        self.seq_relationship = nn.ModuleList(
+            [nn.Linear(config.hidden_size, 2) for _ in range(config.num_hidden_layers)]
+        )
+
+
+@dataclass
+class ElasticBertPreTrainingOutput(ModelOutput):
+    """`loss` = Σ over active exits of (MLM + SOP); the per-exit tensors are detached, in `exit_layers` order."""
+
+    loss: torch.Tensor | None = None
+    exit_layers: tuple[int, ...] | None = None
+    mlm_loss: torch.Tensor | None = None
+    sop_loss: torch.Tensor | None = None
+    mlm_accuracy: torch.Tensor | None = None
+    sop_accuracy: torch.Tensor | None = None
+    num_masked: int | None = None
+
+
+class ElasticBertForPreTraining(ElasticBertPreTrainedModel):
+    _tied_weights_keys = {"cls.predictions.decoder.weight": "elasticbert.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: ElasticBertConfig) -> None:
+        super().__init__(config)
+        self.elasticbert = ElasticBertModel(config)
+        self.cls = ElasticBertPreTrainingHeads(config)
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.cls.predictions.decoder
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.cls.predictions.decoder = new_embeddings
+
+    def masked_lm_logits(
+        self, exits: Sequence[int], states: Sequence[torch.Tensor], positions: torch.Tensor
+    ) -> torch.Tensor:
+        """Vocabulary logits at the flattened token `positions` for each exit, stacked exit-major: [k * M, V].
+
+        Gathering first and running one decoder product for all exits is what makes 12 MLM heads affordable.
+        """
+        heads = self.cls.predictions
+        transformed = [
+            heads.transform[layer - 1](state.reshape(-1, state.shape[-1])[positions])
+            for layer, state in zip(exits, states)
+        ]
+        return heads.decoder(torch.cat(transformed)) + heads.bias
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        mlm_labels: torch.Tensor | None = None,
+        sop_labels: torch.Tensor | None = None,
+        active_exits: Sequence[int] | None = None,
+        gradient_equilibrium: bool = False,
+        position_ids: torch.Tensor | None = None,
+    ) -> ElasticBertPreTrainingOutput:
+        if mlm_labels is None or sop_labels is None:
+            raise ValueError("ElasticBertForPreTraining needs mlm_labels (-100 = not masked) and sop_labels")
+        encoded = self.elasticbert(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            exit_layers=active_exits,
+            gradient_equilibrium=gradient_equilibrium,
+        )
+        exits, states = encoded.exit_layers, encoded.exit_hidden_states
+
+        flat_labels = mlm_labels.reshape(-1)
+        masked = (flat_labels != -100).nonzero(as_tuple=True)[0]
+        num_masked = int(masked.numel())
+        logits = self.masked_lm_logits(exits, states, masked)  # [k * M, V]
+        if num_masked:
+            targets = flat_labels[masked].repeat(len(exits))
+            token_loss = F.cross_entropy(upcast(logits), targets, reduction="none")
+            mlm_loss = token_loss.view(len(exits), num_masked).mean(dim=1)
+            mlm_accuracy = (logits.argmax(-1) == targets).view(len(exits), num_masked).float().mean(dim=1)
+        else:  # keeps the graph connected so every rank's backward touches the same parameters
+            mlm_loss = logits.sum().expand(len(exits)) * 0.0
+            mlm_accuracy = torch.zeros(len(exits))
+
+        sop_logits = torch.stack(
+            [
+                self.cls.seq_relationship[layer - 1](self.elasticbert.encoder.pooler[layer - 1](state))
+                for layer, state in zip(exits, states)
+            ]
+        )  # [k, B, 2]
+        sop_loss = (
+            F.cross_entropy(upcast(sop_logits).flatten(0, 1), sop_labels.repeat(len(exits)), reduction="none")
+            .view(len(exits), -1)
+            .mean(dim=1)
+        )
+        sop_accuracy = (sop_logits.argmax(-1) == sop_labels).float().mean(dim=1)
+
+        return ElasticBertPreTrainingOutput(
+            loss=(mlm_loss + sop_loss).sum(),
+            exit_layers=exits,
+            mlm_loss=mlm_loss.detach(),
+            sop_loss=sop_loss.detach(),
+            mlm_accuracy=mlm_accuracy.detach(),
+            sop_accuracy=sop_accuracy.detach(),
+            num_masked=num_masked,
+        )
+
+
+def exit_groups(num_layers: int, num_groups: int) -> list[tuple[int, ...]]:
+    """Grouped exits: layer l < L goes to group (l - 1) mod G; the top layer L is in every group.
+
+    exit_groups(12, 2) == [(1, 3, 5, 7, 9, 11, 12), (2, 4, 6, 8, 10, 12)]; optimizer step t trains group t mod G.
+    """
+    if not 1 <= num_groups <= max(num_layers - 1, 1):
+        raise ValueError(f"num_groups={num_groups} must be within 1..{max(num_layers - 1, 1)} for {num_layers} layers")
+    return [
+        tuple(layer for layer in range(1, num_layers) if (layer - 1) % num_groups == g) + (num_layers,)
+        for g in range(num_groups)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------- classification exits
+
+
+class LinearExit(nn.Module):
+    """Per-layer pooler (owned by the encoder, from pre-training) -> dropout -> Linear(H, K)."""
+
+    def __init__(self, config: ElasticBertConfig) -> None:
+        super().__init__()
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+
+    def forward(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, pooler: ElasticBertPooler
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        representation = pooler(hidden)
+        return representation, self.classifier(self.dropout(representation))
+
+
+class MHAExit(nn.Module):
+    """Linear(H, d_e) -> tanh -> multi-head attention over the sequence read at [CLS] -> tanh -> Linear(d_e, K).
+
+    Only the [CLS] output is used, so only the [CLS] query is computed: same result as full self-attention read at
+    [CLS], at a fraction of the cost.
+    """
+
+    def __init__(self, config: ElasticBertConfig) -> None:
+        super().__init__()
+        d = config.exit_mha_dim
+        self.projection = nn.Linear(config.hidden_size, d)
+        self.attention = nn.MultiheadAttention(
+            d, config.exit_mha_heads, dropout=config.attention_probs_dropout_prob, batch_first=True
+        )
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(d, config.num_labels)
+
+    def forward(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, pooler: ElasticBertPooler | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.tanh(self.projection(hidden))
+        padding = None if attention_mask is None else attention_mask == 0
+        attended, _ = self.attention(x[:, :1], x, x, key_padding_mask=padding, need_weights=False)
+        representation = torch.tanh(attended[:, 0])
+        return representation, self.classifier(self.dropout(representation))
+
+
+EXIT_CLASSES = {"linear": LinearExit, "mha": MHAExit}
+
+
+@dataclass
+class MultiExitClassifierOutput(ModelOutput):
+    """Per-exit logits and exit representations h^e (in `exit_layers` order); `loss` = Σ of `exit_losses`."""
+
+    loss: torch.Tensor | None = None
+    exit_losses: torch.Tensor | None = None
+    logits: tuple[torch.Tensor, ...] | None = None
+    representations: tuple[torch.Tensor, ...] | None = None
+    exit_layers: tuple[int, ...] | None = None
+
+
+class ElasticBertForSequenceClassification(ElasticBertPreTrainedModel):
+    """Classifier exits at `config.exit_layers` (a single exit at layer l = static truncation to l layers).
+
+    `num_labels == 1` is regression (MSE). The exit classifier's weight rows are the label embeddings used by ACL.
+    """
+
+    def __init__(self, config: ElasticBertConfig) -> None:
+        super().__init__(config)
+        self.elasticbert = ElasticBertModel(config)
+        exit_class = EXIT_CLASSES[config.exit_type]
+        self.exits = nn.ModuleDict({str(layer): exit_class(config) for layer in config.exit_layers})
+        self.post_init()
+
+    @property
+    def exit_layers(self) -> tuple[int, ...]:
+        return tuple(self.config.exit_layers)
+
+    def classify(
+        self, layer: int, hidden: torch.Tensor, attention_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(representation, logits) of exit `layer` (1-based) from that layer's hidden states."""
+        return self.exits[str(layer)](hidden, attention_mask, self.elasticbert.encoder.pooler[layer - 1])
+
+    def exit_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.config.num_labels == 1:
+            return F.mse_loss(upcast(logits.squeeze(-1)), labels.to(upcast(logits).dtype))
+        return F.cross_entropy(upcast(logits), labels)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        exit_layers: Sequence[int] | None = None,
+        gradient_equilibrium: bool = False,
+        position_ids: torch.Tensor | None = None,
+    ) -> MultiExitClassifierOutput:
+        exits = tuple(exit_layers) if exit_layers is not None else self.exit_layers
+        unknown = sorted(set(exits) - set(self.exit_layers))
+        if unknown:
+            raise ValueError(f"layers {unknown} have no exit; this model's exits are {list(self.exit_layers)}")
+        encoded = self.elasticbert(
+            input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            exit_layers=exits,
+            gradient_equilibrium=gradient_equilibrium,
+        )
+        reps, logits = zip(
+            *(
+                self.classify(layer, state, attention_mask)
+                for layer, state in zip(encoded.exit_layers, encoded.exit_hidden_states)
+            )
+        )
+        exit_losses = loss = None
+        if labels is not None:
+            exit_losses = torch.stack([self.exit_loss(lg, labels) for lg in logits])
+            loss = exit_losses.sum()
+        return MultiExitClassifierOutput(
+            loss=loss, exit_losses=exit_losses, logits=logits, representations=reps, exit_layers=encoded.exit_layers
+        )

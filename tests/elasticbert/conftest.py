@@ -1,0 +1,65 @@
+import pytest
+import torch
+from transformers import BertTokenizer
+
+from elasticbert import ElasticBertConfig, minilm_dir
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "It was the best of times, it was the worst of times.",
+    "Call me Ishmael.",
+]
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    return minilm_dir()
+
+
+@pytest.fixture(scope="session")
+def batch(minilm):
+    tok = BertTokenizer.from_pretrained(minilm)
+    enc = tok(SENTENCES[:2], SENTENCES[1:], padding=True, return_tensors="pt")
+    assert not bool(enc["attention_mask"].all()), "the batch must contain padding"
+    return dict(enc)
+
+
+def _tiny_config(**overrides) -> ElasticBertConfig:
+    fields = dict(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    fields.update(overrides)
+    return ElasticBertConfig(**fields)
+
+
+def _random_batch(cfg: ElasticBertConfig, b: int = 3, t: int = 12, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, cfg.vocab_size, (b, t), generator=g)
+    mask = torch.ones(b, t, dtype=torch.long)
+    mask[0, t - 3 :] = 0
+    types = torch.zeros(b, t, dtype=torch.long)
+    types[:, t // 2 :] = 1
+    labels = torch.full((b, t), -100)
+    pick = torch.rand(b, t, generator=g) < 0.3
+    pick[:, 0] = False
+    labels[pick] = ids[pick]
+    return ids, mask, types, labels, torch.randint(0, 2, (b,), generator=g)
+
+
+@pytest.fixture
+def tiny_config():
+    """Factory: a tiny ElasticBERT config without dropout (keyword overrides allowed)."""
+    return _tiny_config
+
+
+@pytest.fixture
+def random_batch():
+    """Factory: (input_ids, attention_mask with padding, token_type_ids, mlm_labels, sop_labels)."""
+    return _random_batch

@@ -1,0 +1,158 @@
+"""Saving and loading: our own format, AutoModel, plain BERT, the fnlp layout, and bad checkpoints."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, AutoModel, AutoModelForPreTraining, AutoModelForSequenceClassification
+
+from elasticbert import (
+    CheckpointError,
+    ElasticBertConfig,
+    ElasticBertForPreTraining,
+    ElasticBertForSequenceClassification,
+    ElasticBertModel,
+    load_pretrained,
+)
+
+
+def _same_state(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+
+
+def test_save_pretrained_round_trip_bit_exact(tmp_path, tiny_config, random_batch):
+    model = ElasticBertForPreTraining(tiny_config()).eval()
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+    assert AutoConfig.from_pretrained(tmp_path).model_type == "elasticbert"
+
+    again = ElasticBertForPreTraining.from_pretrained(tmp_path).eval()
+    _same_state(model, again)
+    auto = AutoModelForPreTraining.from_pretrained(tmp_path)
+    assert type(auto) is ElasticBertForPreTraining
+    _same_state(model, auto)
+    assert auto.cls.predictions.decoder.weight is auto.elasticbert.embeddings.word_embeddings.weight
+
+    base = AutoModel.from_pretrained(tmp_path).eval()
+    assert type(base) is ElasticBertModel
+    _same_state(model.elasticbert, base)
+    ids, mask, types, _, _ = random_batch(model.config)
+    with torch.no_grad():
+        assert torch.equal(
+            base(ids, mask, types).last_hidden_state, model.elasticbert(ids, mask, types).last_hidden_state
+        )
+
+    ours, report = load_pretrained(ElasticBertForPreTraining, tmp_path)
+    _same_state(model, ours)
+    assert report.initialised == [] and report.unused == []
+
+
+def test_classifier_from_pretraining_export(tmp_path, tiny_config):
+    ElasticBertForPreTraining(tiny_config()).save_pretrained(tmp_path)
+    clf = AutoModelForSequenceClassification.from_pretrained(tmp_path, num_labels=3, exit_layers=[1, 4])
+    assert type(clf) is ElasticBertForSequenceClassification and clf.exit_layers == (1, 4)
+    ours, report = load_pretrained(ElasticBertForSequenceClassification, tmp_path, num_labels=3, exit_layers=[2])
+    assert all(k.startswith("exits.") for k in report.initialised)
+    assert any(k.startswith("cls.") for k in report.unused)
+
+
+def test_plain_bert_minilm_maps_every_exit(minilm):
+    model, report = load_pretrained(ElasticBertForPreTraining, minilm)
+    assert report.layout == "bert"
+    weights = load_file(str(minilm / "model.safetensors"))
+    pooler = weights["pooler.dense.weight"]
+    for i in range(6):
+        assert torch.equal(model.elasticbert.encoder.pooler[i].dense.weight, pooler)
+    assert torch.equal(
+        model.elasticbert.encoder.layer[5].output.dense.weight, weights["encoder.layer.5.output.dense.weight"]
+    )
+    # MiniLM has no MLM/SOP heads: exactly those are initialised, and the report says so.
+    assert report.initialised and all(k.startswith("cls.") for k in report.initialised)
+    assert "initialised" in str(report)
+    # Static truncation while loading.
+    small, report = load_pretrained(ElasticBertModel, minilm, num_hidden_layers=3)
+    assert len(small.encoder.layer) == 3
+    assert any("encoder.layer.5." in k for k in report.unused)
+
+
+def _fnlp_layout_state(cfg):
+    """Key names of the released fnlp/elasticbert-base checkpoint (from their public modeling code), written by hand
+    so a renaming on our side breaks this test."""
+    h, inter, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    state = {
+        "elasticbert.embeddings.word_embeddings.weight": torch.randn(v, h),
+        "elasticbert.embeddings.position_embeddings.weight": torch.randn(cfg.max_position_embeddings, h),
+        "elasticbert.embeddings.token_type_embeddings.weight": torch.randn(2, h),
+        "elasticbert.embeddings.LayerNorm.weight": torch.randn(h),
+        "elasticbert.embeddings.LayerNorm.bias": torch.randn(h),
+        "elasticbert.embeddings.position_ids": torch.arange(cfg.max_position_embeddings)[None],
+    }
+    for i in range(cfg.num_hidden_layers):
+        p = f"elasticbert.encoder.layer.{i}."
+        for name, shape in [
+            ("attention.self.query", (h, h)),
+            ("attention.self.key", (h, h)),
+            ("attention.self.value", (h, h)),
+            ("attention.output.dense", (h, h)),
+            ("intermediate.dense", (inter, h)),
+            ("output.dense", (h, inter)),
+        ]:
+            state[p + name + ".weight"] = torch.randn(shape)
+            state[p + name + ".bias"] = torch.randn(shape[0])
+        for ln in ("attention.output.LayerNorm", "output.LayerNorm"):
+            state[p + ln + ".weight"] = torch.randn(h)
+            state[p + ln + ".bias"] = torch.randn(h)
+        state[f"elasticbert.encoder.pooler.{i}.dense.weight"] = torch.randn(h, h)
+        state[f"elasticbert.encoder.pooler.{i}.dense.bias"] = torch.randn(h)
+    return state
+
+
+def test_fnlp_layout_loads_with_no_missing_keys(tmp_path, tiny_config):
+    cfg = tiny_config()
+    state = _fnlp_layout_state(cfg)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    fnlp_config = cfg.to_dict() | {"num_output_layers": 1, "max_output_layers": cfg.num_hidden_layers}
+    (tmp_path / "config.json").write_text(json.dumps(fnlp_config))
+    model, report = load_pretrained(ElasticBertModel, tmp_path)
+    assert report.initialised == [] and report.unused == [], report
+    assert torch.equal(model.encoder.pooler[2].dense.weight, state["elasticbert.encoder.pooler.2.dense.weight"])
+    assert torch.equal(
+        model.encoder.layer[3].attention.self.key.bias, state["elasticbert.encoder.layer.3.attention.self.key.bias"]
+    )
+    hf = ElasticBertModel.from_pretrained(tmp_path, output_loading_info=True)[1]
+    assert hf["missing_keys"] == set() or hf["missing_keys"] == [], hf
+
+
+def test_corrupt_and_wrong_shape_checkpoints_name_the_problem(tmp_path, tiny_config):
+    ElasticBertModel(tiny_config()).save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+
+    state = load_file(str(weights))
+    state["encoder.layer.1.intermediate.dense.weight"] = torch.zeros(3, 3)
+    save_file(state, str(weights))
+    with pytest.raises(CheckpointError, match=r"encoder\.layer\.1\.intermediate\.dense\.weight.*shape"):
+        load_pretrained(ElasticBertModel, tmp_path)
+
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        load_pretrained(ElasticBertModel, tmp_path)
+
+    weights.unlink()
+    with pytest.raises(CheckpointError, match="no model.safetensors"):
+        load_pretrained(ElasticBertModel, tmp_path)
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(CheckpointError, match="no config.json"):
+        load_pretrained(ElasticBertModel, tmp_path)
+
+
+def test_config_validation_errors():
+    with pytest.raises(ValueError, match="exit layers"):
+        ElasticBertConfig(num_hidden_layers=4, exit_layers=[5])
+    with pytest.raises(ValueError, match="exit_type"):
+        ElasticBertConfig(exit_type="cnn")
+    with pytest.raises(ValueError, match="not a multiple"):
+        ElasticBertConfig(hidden_size=30, num_attention_heads=4)
