@@ -24,7 +24,7 @@ test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(PY) -m elasticbert.demo $(DEMO_ARGS)
+	$(PY) -m demo $(DEMO_ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/model_step.py

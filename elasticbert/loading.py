@@ -39,6 +39,7 @@ BERT_CONFIG_FIELDS = (
     "layer_norm_eps",
     "pad_token_id",
 )
+BUFFER_SUFFIXES = ("position_ids", "token_type_ids")  # index buffers some BERT checkpoints store; never weights
 
 
 class CheckpointError(ValueError):
@@ -108,7 +109,7 @@ def read_config(directory: Path) -> dict:
 def bert_to_elasticbert_keys(key: str, num_layers: int) -> list[str]:
     """Target names (relative to the ElasticBERT *base* model or the pre-training heads) for one BERT key."""
     key = key.removeprefix("bert.")
-    if key.endswith(("position_ids", "token_type_ids")) or key.startswith("cls.seq_relationship"):
+    if key.endswith(BUFFER_SUFFIXES) or key.startswith("cls.seq_relationship"):
         return []  # buffers; NSP is a different task from SOP, so its classifier is not reused
     if key.startswith(("embeddings.", "encoder.layer.")):
         match = re.match(r"encoder\.layer\.(\d+)\.", key)
@@ -201,7 +202,7 @@ def _load_plain_bert(
             full = name if name.startswith("cls.") else base_prefix + name
             if full in target:
                 names.append(full)
-        if not names:
+        if not names and not key.endswith(BUFFER_SUFFIXES):
             unused.append(key)
         for name in names:
             mapped[name] = tensor

@@ -289,7 +289,7 @@ class ElasticBertLMPredictions(nn.Module):
 
     def logits(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
         """Vocabulary logits of exit `layer` (1-based) for any [..., H] hidden states."""
-        return self.decoder(self.transform[layer - 1](hidden)) + self.bias
+        return F.linear(self.transform[layer - 1](hidden), self.decoder.weight, self.bias)
 
 
 class ElasticBertPreTrainingHeads(nn.Module):
@@ -341,7 +341,7 @@ class ElasticBertForPreTraining(ElasticBertPreTrainedModel):
             heads.transform[layer - 1](state.reshape(-1, state.shape[-1])[positions])
             for layer, state in zip(exits, states)
         ]
-        return heads.decoder(torch.cat(transformed)) + heads.bias
+        return F.linear(torch.cat(transformed), heads.decoder.weight, heads.bias)  # bias fused into the product
 
     def forward(
         self,
