@@ -76,6 +76,20 @@ def make_batches(n: int, seed: int = 0):
     return batches
 
 
+def timed_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch, exits) -> float:
+    """Seconds for one forward + backward + AdamW step."""
+    ids, mask, types, mlm, sop = batch
+    t = time.perf_counter()
+    if isinstance(model, ElasticBertForPreTraining):
+        loss = model(ids, mask, types, mlm_labels=mlm, sop_labels=sop, active_exits=exits).loss
+    else:
+        loss = model(ids, mask, types, mlm, sop)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return time.perf_counter() - t
+
+
 def matmul_peak(dtype: torch.dtype = torch.float32, n: int = 2048, reps: int = 5) -> float:
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     a @ b
@@ -113,24 +127,11 @@ def main() -> None:
         for m in contestants.values():
             m.train()
 
-        def step(name, batch):
-            ids, mask, types, mlm, sop = batch
-            model = contestants[name]
-            t = time.perf_counter()
-            if model is ours:
-                loss = model(ids, mask, types, mlm_labels=mlm, sop_labels=sop, active_exits=exits).loss
-            else:
-                loss = model(ids, mask, types, mlm, sop)
-            loss.backward()
-            optims[name].step()
-            optims[name].zero_grad(set_to_none=True)
-            return time.perf_counter() - t
-
         batches = make_batches(args.steps + 1)
         times = {name: [] for name in contestants}
         for i, batch in enumerate(batches):
             for name in contestants:
-                elapsed = step(name, batch)
+                elapsed = timed_step(contestants[name], optims[name], batch, exits)
                 if i:  # the first step is a warm-up
                     times[name].append(elapsed)
 
