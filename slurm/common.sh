@@ -1,0 +1,219 @@
+# shellcheck shell=bash
+# slurm/common.sh - the shared logic of the ElasticBERT Slurm batch scripts. SOURCE it (do not run it), after
+# setting EB_ROOT to the repository root (each script does that with the same short bootstrap loop, because Slurm runs a
+# copy of the batch script from its spool directory, so `dirname "$0"` is not the repository there).
+#
+# Functions (all prefixed eb_):
+#   eb_init               cd to EB_ROOT, set up the environment, install the preemption-signal traps. Call it first.
+#   eb_rendezvous         export MASTER_ADDR (first host of the job) and MASTER_PORT (derived from the job id).
+#   eb_log_paths DIR      set EB_LOG_DIR (default DIR/logs), create it; append a line per event to
+#                         EB_LOG_DIR/slurm_jobs.tsv (time, job, restart, event, detail).
+#   eb_srun CMD...        srun one task per GPU (the job's --ntasks-per-node) with torch.distributed's env contract:
+#                         RANK=SLURM_PROCID WORLD_SIZE=SLURM_NTASKS LOCAL_RANK=SLURM_LOCALID, LOCAL_WORLD_SIZE,
+#                         NODE_RANK=SLURM_NODEID (+ MASTER_ADDR/MASTER_PORT from eb_rendezvous).
+#   eb_run_preemptible CMD...
+#                         run `eb_srun CMD...` in the background and `wait` for it (so a trapped signal is handled at
+#                         once), forward the preemption signal(s) to the step, and EXIT the batch script:
+#                           step exit 0                -> exit 0 (finished; no requeue)
+#                           step exit 75 (EX_TEMPFAIL) -> `scontrol requeue $SLURM_JOB_ID`, exit 0
+#                              ("I saved a checkpoint because of preemption, please requeue me")
+#                           other exit after a preemption signal was received -> requeue too (the trainer resumes
+#                              from its last checkpoint), unless EB_REQUEUE_ON_SIGNAL=0
+#                           any other exit code        -> exit with it (job FAILED, no requeue)
+#   eb_log MSG / eb_die MSG
+#
+# Environment knobs (all optional):
+#   EB_ROOT               repository root (required before sourcing; see the scripts' bootstrap)
+#   EB_VENV               virtualenv to use [EB_ROOT/.venv if it exists; otherwise the environment is left as is]
+#   EB_PYTHON             python executable [python, i.e. the venv's]
+#   DS_ACCELERATOR        [cuda if `nvidia-smi -L` works on the batch node, else cpu]
+#   OMP_NUM_THREADS       [SLURM_CPUS_PER_TASK, else 1]
+#   EB_SIGNALS            signals treated as "preemption is coming" and forwarded to the step [USR1]
+#                         (match sbatch --signal=B:USR1@SECONDS; e.g. "USR1 TERM")
+#   EB_REQUEUE_EXIT_CODE  the trainer's "saved, please requeue" exit code [75]
+#   EB_REQUEUE_ON_SIGNAL  requeue after a preemption signal even if the step did not exit 75 [1]
+#   EB_MAX_RESTARTS       do not requeue once SLURM_RESTART_COUNT reached this (stops requeue loops) [50]
+#   EB_MASTER_ADDR / EB_MASTER_PORT   override the rendezvous (inherited MASTER_ADDR/PORT are ignored on purpose:
+#                         sbatch exports the submitting shell's environment)
+#   EB_STEP_WAIT          seconds srun waits after the first task ends before killing the rest (srun --wait) [300]
+#   EB_RANK_LOGS          1: each rank writes EB_LOG_DIR/<job name>-<job id>-r<restart>-rank<N>.log instead of the
+#                         job's output file (which then only gets these eb_log lines) [0: srun --label to the job log]
+#   EB_SRUN_ARGS          extra srun options, whitespace-separated (e.g. "--cpu-bind=none")
+
+eb_log() {
+  printf '[eb-slurm %s job=%s restart=%s] %s\n' "$(date '+%F %T')" "${SLURM_JOB_ID:-none}" \
+    "${SLURM_RESTART_COUNT:-0}" "$*" >&2
+}
+eb_die() {
+  eb_log "ERROR: $*"
+  exit 1
+}
+
+# ---- environment ----------------------------------------------------------------------------------------------------
+eb_init() {
+  if [ -z "${EB_ROOT:-}" ] || [ ! -f "$EB_ROOT/slurm/common.sh" ]; then
+    eb_die "EB_ROOT='${EB_ROOT:-}' is not the repository"
+  fi
+  EB_ROOT=$(cd "$EB_ROOT" && pwd)
+  export EB_ROOT
+  cd "$EB_ROOT" || eb_die "cannot cd to $EB_ROOT"
+  _eb_trap_signals # first: a signal may come while the rest is being set up
+
+  if [ -n "${EB_VENV:-}" ]; then
+    [ -x "$EB_VENV/bin/python" ] || eb_die "EB_VENV=$EB_VENV has no bin/python"
+  elif [ -x "$EB_ROOT/.venv/bin/python" ]; then
+    EB_VENV=$EB_ROOT/.venv
+  fi
+  if [ -n "${EB_VENV:-}" ]; then # what `source bin/activate` does, minus the prompt (and safe under set -u)
+    export VIRTUAL_ENV=$EB_VENV
+    export PATH="$EB_VENV/bin:$PATH"
+  fi
+  EB_PYTHON=${EB_PYTHON:-python}
+  command -v "$EB_PYTHON" >/dev/null 2>&1 || eb_die "no '$EB_PYTHON' on PATH (set EB_VENV or EB_PYTHON)"
+
+  if [ -z "${DS_ACCELERATOR:-}" ]; then # CUDA_VISIBLE_DEVICES is no proof of a GPU (GRES sets it regardless)
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then DS_ACCELERATOR=cuda
+    else DS_ACCELERATOR=cpu; fi
+  fi
+  export DS_ACCELERATOR
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
+  # Slurm >= 22.05: srun no longer inherits the job's --cpus-per-task; pass it on explicitly.
+  [ -z "${SLURM_CPUS_PER_TASK:-}" ] || export SRUN_CPUS_PER_TASK=${SRUN_CPUS_PER_TASK:-$SLURM_CPUS_PER_TASK}
+  export PYTHONUNBUFFERED=1
+  export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}
+  eb_log "host=$(hostname) nodes=${SLURM_JOB_NODELIST:-?} tasks=${SLURM_NTASKS:-?} gpus/node=${SLURM_GPUS_ON_NODE:-0}" \
+    "python=$(command -v "$EB_PYTHON") DS_ACCELERATOR=$DS_ACCELERATOR OMP_NUM_THREADS=$OMP_NUM_THREADS" \
+    "commit=$(git -C "$EB_ROOT" rev-parse --short HEAD 2>/dev/null || echo none)"
+}
+
+# ---- rendezvous -----------------------------------------------------------------------------------------------------
+eb_rendezvous() {
+  if [ -z "${SLURM_JOB_ID:-}" ] || [ -z "${SLURM_JOB_NODELIST:-}" ]; then eb_die "eb_rendezvous: not in a Slurm job"; fi
+  MASTER_ADDR=${EB_MASTER_ADDR:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)}
+  [ -n "$MASTER_ADDR" ] || eb_die "could not resolve the first host of '$SLURM_JOB_NODELIST'"
+  # Same port on every restart of the job; different jobs (and array tasks: own job ids) get different ports.
+  # 10000-29999 stays below Linux's ephemeral range (32768+).
+  MASTER_PORT=${EB_MASTER_PORT:-$((10000 + SLURM_JOB_ID % 20000))}
+  export MASTER_ADDR MASTER_PORT
+  eb_log "rendezvous MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
+}
+
+# ---- logs -----------------------------------------------------------------------------------------------------------
+EB_LOG_DIR=${EB_LOG_DIR:-}
+eb_log_paths() {
+  EB_LOG_DIR=${EB_LOG_DIR:-$1/logs}
+  mkdir -p "$EB_LOG_DIR"
+  EB_LOG_DIR=$(cd "$EB_LOG_DIR" && pwd)
+  export EB_LOG_DIR
+  eb_log "logs: $EB_LOG_DIR (job output: $(_eb_job_output))"
+}
+_eb_job_output() { scontrol show job "${SLURM_JOB_ID:-0}" 2>/dev/null | sed -n 's/^ *StdOut=//p' | head -n1; }
+# _eb_event EVENT DETAIL : one line in EB_LOG_DIR/slurm_jobs.tsv (if eb_log_paths was called)
+_eb_event() {
+  [ -n "$EB_LOG_DIR" ] || return 0
+  printf '%s\t%s\t%s\t%s\t%s\n' "$(date '+%F %T')" "${SLURM_JOB_ID:-none}" "${SLURM_RESTART_COUNT:-0}" "$1" "${2:-}" \
+    >>"$EB_LOG_DIR/slurm_jobs.tsv" || true
+}
+
+# ---- launching --------------------------------------------------------------------------------------------------------
+# _eb_srun_cmd CMD... : fill the array EB_SRUN_CMD with the srun command line (so that `"${EB_SRUN_CMD[@]}" &` makes
+# $! the srun process itself: signals sent to $! reach srun, which forwards them to every task)
+_eb_srun_cmd() {
+  local args=(--kill-on-bad-exit=0 --wait="${EB_STEP_WAIT:-300}") extra=()
+  read -ra extra <<<"${EB_SRUN_ARGS:-}"
+  if [ "${EB_RANK_LOGS:-0}" = 1 ] && [ -n "$EB_LOG_DIR" ]; then
+    local base="$EB_LOG_DIR/${SLURM_JOB_NAME:-job}-${SLURM_JOB_ID:-0}-r${SLURM_RESTART_COUNT:-0}-rank%t.log"
+    args+=(--output="$base" --error="$base")
+  else
+    args+=(--label)
+  fi
+  if [ -n "${SLURM_GPUS_ON_NODE:-}" ] && [ -n "${SLURM_NTASKS_PER_NODE:-}" ] &&
+    [ "$SLURM_GPUS_ON_NODE" != "$SLURM_NTASKS_PER_NODE" ]; then
+    eb_log "WARNING: $SLURM_GPUS_ON_NODE GPUs/node but $SLURM_NTASKS_PER_NODE tasks/node (want one task per GPU)"
+  fi
+  # The single-quoted program runs in each task, where srun has set SLURM_PROCID etc.
+  # shellcheck disable=SC2016
+  EB_SRUN_CMD=(srun "${args[@]}" "${extra[@]}" bash -c '
+    export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID NODE_RANK=$SLURM_NODEID
+    t=${SLURM_STEP_TASKS_PER_NODE:-${SLURM_TASKS_PER_NODE:-1}}
+    export LOCAL_WORLD_SIZE=${t%%(*}
+    exec "$@"' eb-task "$@")
+}
+eb_srun() {
+  _eb_srun_cmd "$@"
+  "${EB_SRUN_CMD[@]}"
+}
+
+# ---- preemption / requeue -------------------------------------------------------------------------------------------
+EB_STEP_PID=""
+EB_GOT_SIGNAL=""
+_EB_WAIT_INTERRUPTED=0
+_eb_on_signal() {
+  EB_GOT_SIGNAL=$1
+  _EB_WAIT_INTERRUPTED=1
+  _eb_event signal "$1"
+  if [ -n "$EB_STEP_PID" ] && kill -0 "$EB_STEP_PID" 2>/dev/null; then
+    eb_log "got SIG$1: forwarding it to the job step (srun pid $EB_STEP_PID)"
+    kill -s "$1" "$EB_STEP_PID" 2>/dev/null || true # srun passes it on to every task
+  else
+    eb_log "got SIG$1 while no step runs"
+  fi
+}
+_eb_trap_signals() {
+  local sig
+  for sig in ${EB_SIGNALS:-USR1}; do
+    # shellcheck disable=SC2064  # expand $sig now
+    trap "_eb_on_signal $sig" "$sig"
+  done
+}
+_eb_requeue() {
+  local why=$1 max=${EB_MAX_RESTARTS:-50}
+  if [ "${SLURM_RESTART_COUNT:-0}" -ge "$max" ]; then
+    eb_log "NOT requeueing ($why): already restarted ${SLURM_RESTART_COUNT} times (EB_MAX_RESTARTS=$max)"
+    _eb_event requeue-refused "$why"
+    exit "${EB_REQUEUE_EXIT_CODE:-75}"
+  fi
+  eb_log "requeueing job $SLURM_JOB_ID: $why"
+  if scontrol requeue "$SLURM_JOB_ID"; then
+    _eb_event requeued "$why"
+    exit 0 # Slurm ends this instance and starts the job again (same id, SLURM_RESTART_COUNT+1)
+  fi
+  eb_log "ERROR: 'scontrol requeue $SLURM_JOB_ID' failed (submitted with --no-requeue? JobRequeue=0?)"
+  _eb_event requeue-failed "$why"
+  exit "${EB_REQUEUE_EXIT_CODE:-75}"
+}
+
+eb_run_preemptible() {
+  local rc prev code=${EB_REQUEUE_EXIT_CODE:-75}
+  [ -n "${SLURM_JOB_ID:-}" ] || eb_die "eb_run_preemptible: not inside a Slurm job"
+  if [ -n "$EB_GOT_SIGNAL" ]; then _eb_requeue "SIG$EB_GOT_SIGNAL arrived before the step started"; fi
+  _eb_event start "$*"
+  eb_log "step: $*"
+  _eb_srun_cmd "$@"
+  "${EB_SRUN_CMD[@]}" &
+  EB_STEP_PID=$!
+  rc=0
+  while :; do
+    _EB_WAIT_INTERRUPTED=0
+    prev=$rc
+    rc=0
+    wait "$EB_STEP_PID" || rc=$?
+    # `wait` returns 128+N when the trap for signal N interrupted it; the step still runs then: wait again.
+    if [ "$_EB_WAIT_INTERRUPTED" = 1 ] && [ "$rc" -gt 128 ]; then continue; fi
+    # (a step that ended exactly while the trap ran was already reaped: keep its status)
+    if [ "$rc" = 127 ] && [ "$prev" -gt 128 ]; then rc=$prev; fi
+    break
+  done
+  EB_STEP_PID=""
+  _eb_event exit "$rc"
+  if [ "$rc" = 0 ]; then
+    eb_log "step finished (exit 0)"
+    exit 0
+  elif [ "$rc" = "$code" ]; then
+    _eb_requeue "the trainer exited $code (saved a checkpoint for preemption)"
+  elif [ -n "$EB_GOT_SIGNAL" ] && [ "${EB_REQUEUE_ON_SIGNAL:-1}" = 1 ]; then
+    _eb_requeue "SIG$EB_GOT_SIGNAL received and the step exited $rc (resuming from the last checkpoint)"
+  fi
+  eb_log "step failed (exit $rc)"
+  exit "$rc"
+}

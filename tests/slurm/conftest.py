@@ -1,0 +1,160 @@
+"""A real single-node Slurm cluster for tests marked ``@pytest.mark.slurm`` (see local_cluster.sh).
+
+The session fixture ``slurm_cluster`` starts the cluster once (installing the Debian packages if missing), and stops
+it at the end only if a pytest session started it and no other pytest session still uses it (a shared flock on
+RUN_DIR/pytest.lock is held while a session uses the cluster). If it cannot be started, the tests FAIL with the
+daemons' logs - they never skip: CI runs as root on a fresh Debian machine where apt works.
+"""
+
+import fcntl
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+CLUSTER_SH = HERE / "local_cluster.sh"
+RUN_DIR = Path(os.environ.get("SLURM_LOCAL_RUN_DIR", "/tmp/elasticbert-slurm"))
+OWNER_MARK = RUN_DIR / "started-by-pytest"
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+                "BOOT_FAIL", "DEADLINE"}
+
+
+def _sh(*args: str, timeout: float = 60, check: bool = False, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=check, **kw)
+
+
+def _tail(path: Path, n: int = 40) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
+    except OSError as e:
+        return f"<{e}>"
+
+
+# the scripts' knobs: never inherited from the developer's shell by a test submission
+KNOBS = ["EB_ROOT", "EB_VENV", "EB_PYTHON", "EB_SIGNALS", "EB_MAX_RESTARTS", "EB_RANK_LOGS", "EB_LOG_DIR",
+         "EB_SRUN_ARGS", "EB_MASTER_ADDR", "EB_MASTER_PORT", "EB_REQUEUE_ON_SIGNAL", "EB_STEP_WAIT", "CONFIG",
+         "DS_CONFIG", "RUN_DIR", "PRETRAIN_MODULE", "DATA_PREP_MODULE", "FINETUNE_MODULE", "FT_OUT", "MODEL",
+         "DATA_DIR", "PREP_TASKS", "PREP_NUM_TASKS", "TASKS", "SEEDS", "OMP_NUM_THREADS", "DS_ACCELERATOR",
+         "VIRTUAL_ENV", "ELASTICBERT_DATA", "PYTHONPATH", "STANDIN_MODE", "STANDIN_FAIL_INDEX"]
+
+
+class SlurmCluster:
+    """Small helpers around sbatch/scontrol for the tests."""
+
+    @staticmethod
+    def env(**extra) -> dict:
+        """A complete environment for a submission (sbatch exports it to the job): none of the scripts' knobs
+        inherited from the developer's shell, misleading MASTER_ADDR/PORT (the scripts must derive their own), and
+        ``extra`` (str()-ed)."""
+        env = {k: v for k, v in os.environ.items() if k not in KNOBS}
+        env.update({"MASTER_ADDR": "bogus", "MASTER_PORT": "1"})
+        env.update({k: str(v) for k, v in extra.items()})
+        return env
+
+    def sbatch(self, *args: str, env: dict | None = None, cwd: Path | str = REPO) -> str:
+        """Submit; ``env`` is the complete environment (sbatch exports it to the job)."""
+        r = _sh("sbatch", "--parsable", *map(str, args), env=os.environ if env is None else env, cwd=str(cwd))
+        assert r.returncode == 0, f"sbatch {' '.join(map(str, args))} failed:\n{r.stdout}{r.stderr}"
+        return r.stdout.strip().split(";")[0]
+
+    def jobs(self, job_id: str) -> list[dict]:
+        """One dict per job record (an array gives one per task, pending tasks may still be one record)."""
+        r = _sh("scontrol", "show", "job", "-o", str(job_id))
+        if r.returncode != 0:
+            return []
+        return [dict(re.findall(r"(\w+(?:/\w+)?)=(\S*)", line)) for line in r.stdout.splitlines() if line.strip()]
+
+    def job(self, job_id: str) -> dict:
+        recs = self.jobs(job_id)
+        assert len(recs) == 1, f"expected one record for {job_id}, got {recs}"
+        return recs[0]
+
+    def wait_until(self, what: str, pred, timeout: float, job_id: str | None = None, poll: float = 0.3):
+        end = time.monotonic() + timeout
+        while True:
+            v = pred()
+            if v:
+                return v
+            if time.monotonic() > end:
+                pytest.fail(f"timeout ({timeout}s) waiting for {what}\n{self.diagnose(job_id)}", pytrace=False)
+            time.sleep(poll)
+
+    def wait_state(self, job_id: str, states: set | str, timeout: float = 60) -> dict:
+        states = {states} if isinstance(states, str) else set(states)
+
+        def done() -> dict | None:
+            recs = self.jobs(job_id)
+            if len(recs) == 1 and recs[0].get("JobState") in states:
+                return recs[0]
+            if len(recs) == 1 and recs[0].get("JobState") in FINAL_STATES - states:
+                pytest.fail(f"job {job_id} ended {recs[0].get('JobState')}, wanted {states}\n{self.diagnose(job_id)}",
+                            pytrace=False)
+            return None
+
+        return self.wait_until(f"job {job_id} to reach {states}", done, timeout, job_id)
+
+    def wait_array_final(self, job_id: str, n_tasks: int, timeout: float = 90) -> dict[int, dict]:
+        def done() -> dict | None:
+            recs = self.jobs(job_id)
+            by_task = {int(r["ArrayTaskId"]): r for r in recs if r.get("ArrayTaskId", "").isdigit()}
+            if len(by_task) == n_tasks and all(r["JobState"] in FINAL_STATES for r in by_task.values()):
+                return by_task
+            return None
+
+        return self.wait_until(f"array {job_id} ({n_tasks} tasks) to finish", done, timeout, job_id)
+
+    def diagnose(self, job_id: str | None = None) -> str:
+        parts = []
+        if job_id:
+            recs = self.jobs(job_id)
+            parts.append(f"---- scontrol show job {job_id}\n" + "\n".join(map(str, recs)))
+            for rec in recs:
+                if rec.get("StdOut"):
+                    parts.append(f"---- {rec['StdOut']}\n{_tail(Path(rec['StdOut']))}")
+        parts.append("---- squeue\n" + _sh("squeue").stdout)
+        parts.append("---- slurmctld.log\n" + _tail(Path("/var/log/slurm/slurmctld.log"), 20))
+        parts.append("---- slurmd.log\n" + _tail(Path("/var/log/slurm/slurmd.log"), 20))
+        return "\n".join(parts)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    lock = open(RUN_DIR / "pytest.lock", "a+")  # held for the whole session
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        was_up = _sh("bash", str(CLUSTER_SH), "status").returncode == 0
+        r = _sh("bash", str(CLUSTER_SH), "start", timeout=900)  # idempotent; also checks slurm.conf is ours
+        if r.returncode != 0:
+            if not was_up:  # stop what this attempt did start (only recorded daemons)
+                _sh("bash", str(CLUSTER_SH), "stop", timeout=120)
+            pytest.fail(f"could not start the local Slurm cluster ({CLUSTER_SH} start, exit {r.returncode}):\n"
+                        f"{r.stdout}\n{r.stderr}", pytrace=False)
+        if not was_up:
+            OWNER_MARK.touch()
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_SH)  # other pytest sessions may share the cluster now
+    yield SlurmCluster()
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the last session using it...
+    except BlockingIOError:
+        return
+    try:
+        if OWNER_MARK.exists():  # ...stops it if a pytest session started it
+            r = _sh("bash", str(CLUSTER_SH), "stop", timeout=120)
+            OWNER_MARK.unlink(missing_ok=True)
+            assert r.returncode == 0, f"{CLUSTER_SH} stop failed:\n{r.stdout}{r.stderr}"
+    finally:
+        lock.close()
+
+
+@pytest.fixture(autouse=True)
+def _slurm_marked(request):
+    """Tests marked @pytest.mark.slurm get the cluster even if they do not ask for the fixture."""
+    if request.node.get_closest_marker("slurm"):
+        request.getfixturevalue("slurm_cluster")
