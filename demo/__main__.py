@@ -1,68 +1,261 @@
-"""`python -m demo`: ElasticBERT end to end on this machine.
+"""`python -m demo` (= `make demo`): the whole ElasticBERT pipeline on one CPU box.
 
-Stage 1 (model): build ElasticBERT from the MiniLM package's BERT weights and run every exit on real sentences,
-printing per-exit shapes, FLOPs and what the MLM head of each exit predicts for a masked word.
+Every stage runs the project's own command-line tools (printed before they run, so you can rerun any of them):
+  1. data_prep   tokenise a real corpus into .bin/.idx shards with the bert-base-uncased vocab
+  2. pretrain    multi-exit MLM+SOP pre-training under DeepSpeed (2 processes, srun-style) from the MiniLM weights,
+                 grouped exits + gradient equilibrium; a simulated preemption (SIGUSR1 → save → exit 75 → resume)
+  3. export      DeepSpeed checkpoint → Hugging Face directory
+  4. finetune    2ST with MHA exits and ACL-CL on a real GLUE task; per-exit dev scores
+  5. early exit  entropy and patience sweeps with FLOPs; ELUE score against the model's own static curve
+  6. report      PNGs + summary.md + TensorBoard logs in one folder
+
+DEMO_SCALE=small (default, ≤ 15 min here) or medium; DEMO_OUT chooses the folder (default demo_out/).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from transformers import BertTokenizer
+from elasticbert import minilm_dir
 
-from elasticbert import ElasticBertForPreTraining, load_pretrained, minilm_dir
-from elasticbert.flops import sample_flops
-
-SHARED_CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "corpus" / "wikitext-2-raw"
-FALLBACK_SENTENCES = [
-    "The river flows through the old town before it reaches the sea.",
-    "She opened the letter and read it twice before she said a word.",
-    "Early exiting lets easy inputs leave the network after a few layers.",
-]
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
 
 
-def real_sentences(n: int = 3) -> tuple[list[str], str]:
-    """A few sentences of WikiText from ../shared when present, else built-in ones (said so)."""
-    for path in sorted(SHARED_CORPUS.glob("*.raw")):
-        with path.open(encoding="utf-8") as f:
-            lines = [ln.strip() for ln in f if len(ln.split()) > 12 and not ln.strip().startswith("=")]
-        picked = [ln.split(" . ")[0] + " ." for ln in lines[:n]]
-        return picked, str(path)
-    return FALLBACK_SENTENCES[:n], "built-in sentences (../shared/data not found)"
+@dataclass(frozen=True)
+class Scale:
+    books: int  # Gutenberg books tokenised
+    pretrain_steps: int
+    preempt_at: int  # optimizer step after which the demo sends SIGUSR1
+    seq_len: int
+    train_examples: int  # fine-tuning subset
+    dev_examples: int
+    epochs: int
 
 
-def stage_model() -> None:
-    print("[1] model — ElasticBERT from the MiniLM package's BERT weights; every layer is an exit")
-    model, report = load_pretrained(ElasticBertForPreTraining, minilm_dir())
-    print(report)
-    tokenizer = BertTokenizer.from_pretrained(minilm_dir())
-    sentences, source = real_sentences()
-    print(f"sentences from {source}:")
-    for s in sentences:
-        print("   ", s)
-    enc = tokenizer(sentences, padding=True, truncation=True, max_length=64, return_tensors="pt")
-    masked = enc["input_ids"].clone()
-    masked[:, 2] = tokenizer.mask_token_id  # hide the second word piece of each sentence
-    cfg = model.config
-    with torch.no_grad():
-        out = model.elasticbert(masked, enc["attention_mask"], enc["token_type_ids"], output_pooled=True)
-    lengths = enc["attention_mask"].sum(1).tolist()
-    print(f"{'exit':>4} {'hidden states':>16} {'pooled':>10} {'GFLOPs/sample (mean)':>22}  MLM guess at [MASK]")
-    for layer, hidden, pooled in zip(out.exit_layers, out.exit_hidden_states, out.pooled_outputs):
-        flops = sum(sample_flops(cfg, n, layer, exit_type="linear").total for n in lengths) / len(lengths)
-        guess = model.cls.predictions.logits(layer, hidden[:, 2]).argmax(-1)
-        words = " / ".join(tokenizer.convert_ids_to_tokens(guess.tolist()))
-        print(f"{layer:>4} {str(tuple(hidden.shape)):>16} {str(tuple(pooled.shape)):>10} {flops / 1e9:>22.4f}  {words}")
-    print("(MiniLM ships no MLM head: the exits' MLM guesses are random until pre-training — stage 2 trains them.)")
+SCALES = {
+    "tiny": Scale(books=2, pretrain_steps=6, preempt_at=3, seq_len=64, train_examples=192, dev_examples=96, epochs=1),
+    "small": Scale(books=6, pretrain_steps=40, preempt_at=20, seq_len=128, train_examples=1200, dev_examples=277,
+                   epochs=2),
+    "medium": Scale(books=20, pretrain_steps=150, preempt_at=60, seq_len=128, train_examples=4000, dev_examples=872,
+                    epochs=3),
+}
+
+
+def say(stage: str, line: str) -> None:
+    print(f"\n=== [{stage}] {line}", flush=True)
+
+
+def run(cmd: list[str], log: Path | None = None, env: dict | None = None) -> None:
+    """Run one project command, echoing it; fail the demo with the command's own output when it fails."""
+    print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+    full_env = {**os.environ, **(env or {})}
+    if log is None:
+        subprocess.run(cmd, cwd=REPO, env=full_env, check=True)
+        return
+    with open(log, "ab") as f:
+        code = subprocess.run(cmd, cwd=REPO, env=full_env, stdout=f, stderr=subprocess.STDOUT).returncode
+    if code:
+        sys.exit(f"demo: command failed with exit code {code}; last lines of {log}:\n{tail(log)}")
+
+
+def tail(path: Path, n: int = 40) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-n:]) if path.exists() else ""
+
+
+def corpus_inputs(scale: Scale, out: Path) -> tuple[list[str], str]:
+    """Gutenberg books from ../shared/data when present; else a corpus made offline from the English texts that
+    installed packages ship (READMEs, licences): real prose, no download."""
+    books = sorted((SHARED / "corpus" / "gutenberg").glob("*.txt"))
+    if books:
+        picked = [str(p) for p in books[: scale.books]]
+        return picked, f"{len(picked)} Project Gutenberg books from {SHARED / 'corpus' / 'gutenberg'}"
+    import site
+
+    fallback = out / "fallback_corpus.txt"
+    texts = []
+    for root in site.getsitepackages():
+        for path in sorted(Path(root).glob("*.dist-info/METADATA"))[:400]:
+            body = path.read_text(errors="replace").split("\n\n", 1)[-1]
+            if len(body.split()) > 200:
+                texts.append(body.strip())
+    fallback.write_text("\n\n".join(texts), encoding="utf-8")
+    return [str(fallback)], f"fallback corpus: package descriptions of installed Python packages ({fallback})"
+
+
+def glue_task(scale: Scale, out: Path) -> tuple[str, str, str]:
+    """(task, data dir, description): RTE from ../shared/data/glue when present, else a tiny sentiment task in SST-2
+    format generated from templates here (no download)."""
+    glue = SHARED / "glue"
+    if (glue / "RTE" / "train.tsv").is_file():
+        return "RTE", str(glue), f"GLUE RTE from {glue} ({scale.train_examples} training pairs at most)"
+    import random
+
+    rng = random.Random(0)
+    subjects = ["the film", "this book", "the meal", "our trip", "the concert", "the new phone", "the service"]
+    good = ["was wonderful", "felt warm and funny", "is a delight", "exceeded every hope", "was simply great"]
+    bad = ["was dreadful", "felt dull and slow", "is a mess", "disappointed everyone", "was simply awful"]
+    task_dir = out / "tiny_task" / "SST-2"
+    task_dir.mkdir(parents=True)
+    for split, n in (("train", 400), ("dev", 120)):
+        rows = ["sentence\tlabel"]
+        for _ in range(n):
+            label = rng.randint(0, 1)
+            rows.append(f"{rng.choice(subjects)} {rng.choice(good if label else bad)} .\t{label}")
+        (task_dir / f"{split}.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return "SST-2", str(task_dir.parent), f"a tiny template sentiment task in {task_dir} (../shared/data/glue absent)"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def launch_srun_style(args: list[str], ntasks: int, log: Path) -> list[subprocess.Popen]:
+    """What `srun --ntasks N python -m pretrain train ...` gives each task: SLURM_* variables, no RANK."""
+    port = str(free_port())
+    procs = []
+    for rank in range(ntasks):
+        env = {**os.environ, "SLURM_PROCID": str(rank), "SLURM_NTASKS": str(ntasks), "SLURM_LOCALID": str(rank),
+               "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": "1", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": port, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+        with open(log, "ab") as f:
+            procs.append(subprocess.Popen([sys.executable, "-m", "pretrain", *args], cwd=REPO, env=env, stdout=f,
+                                          stderr=subprocess.STDOUT))
+    return procs
+
+
+def wait_all(procs: list[subprocess.Popen], log: Path, timeout: float = 1800) -> list[int]:
+    deadline = time.time() + timeout
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=max(deadline - time.time(), 1)))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            sys.exit(f"demo: pre-training did not finish in {timeout:.0f}s; see {log}")
+    return codes
+
+
+def stage_pretrain(scale: Scale, data: Path, run_dir: Path, logs: Path) -> dict:
+    say("2 pretrain", "multi-exit MLM+SOP pre-training from the MiniLM weights: DeepSpeed (fp32, gloo), 2 processes, "
+                      "exit groups alternating per step, gradient equilibrium")
+    sets = [
+        "model.init_from=minilm", "model.hidden_size=384", "model.num_hidden_layers=6",
+        "model.num_attention_heads=12", "model.intermediate_size=1536", "model.max_position_embeddings=512",
+        f"data.corpora=[{{name: corpus, path: {data}, weight: 1.0}}]", f"data.max_seq_len={scale.seq_len}",
+        f"train.train_steps={scale.pretrain_steps}", "train.global_batch_size=16", "train.micro_batch_size=4",
+        "optim.lr=1.0e-4", f"optim.warmup_steps={max(scale.pretrain_steps // 10, 1)}",
+        f"checkpoint.interval={max(scale.preempt_at // 2, 1)}", "eval.interval=0",
+        f"eval.max_samples={64 if scale.pretrain_steps < 20 else 256}", "logging.progress=false",
+    ]
+    args = ["train", "--config", "configs/tiny_cpu.yaml", "--run-dir", str(run_dir)]
+    for s in sets:
+        args += ["--set", s]
+    log = logs / "pretrain.log"
+    print("$ srun --ntasks 2 python -m pretrain " + " ".join(shlex.quote(a) for a in args), flush=True)
+    procs = launch_srun_style(args, 2, log)
+    while not any(r["step"] >= scale.preempt_at for r in metrics(run_dir)):
+        if any(p.poll() is not None for p in procs):
+            sys.exit(f"demo: pre-training stopped early; last lines of {log}:\n{tail(log)}")
+        time.sleep(0.2)
+    print(f"   step {scale.preempt_at} reached: sending SIGUSR1 to both ranks (what Slurm does before a time limit)")
+    for p in procs:
+        p.send_signal(signal.SIGUSR1)
+    codes = wait_all(procs, log)
+    saved_at = max(r["step"] for r in metrics(run_dir))
+    print(f"   ranks exited with {codes} (75 = checkpoint saved, requeue me) after step {saved_at}")
+    if set(codes) != {75}:
+        sys.exit(f"demo: expected exit code 75 after the preemption signal, got {codes}; see {log}")
+    print("   restarting the same command: it resumes from the `latest` checkpoint")
+    codes = wait_all(launch_srun_style(args, 2, log), log)
+    if set(codes) != {0}:
+        sys.exit(f"demo: resumed pre-training failed with {codes}; last lines of {log}:\n{tail(log)}")
+    records = metrics(run_dir)
+    return {"preempted_after_step": saved_at, "steps": max(r["step"] for r in records), "records": records}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.parse_args(argv)
-    torch.manual_seed(0)
-    stage_model()
+    parser.add_argument("--scale", default=os.environ.get("DEMO_SCALE", "small"), choices=sorted(SCALES))
+    parser.add_argument("--out", default=os.environ.get("DEMO_OUT", "demo_out"))
+    args = parser.parse_args(argv)
+    scale = SCALES[args.scale]
+    out = (REPO / args.out).resolve() if not Path(args.out).is_absolute() else Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        sys.exit(f"demo: {out} is not empty; remove it or set DEMO_OUT to another folder")
+    logs = out / "logs"
+    logs.mkdir(parents=True)
+    started = time.time()
+    py = sys.executable
+    summary: dict = {"scale": args.scale}
+
+    # 1. data
+    inputs, source = corpus_inputs(scale, out)
+    say("1 data_prep", f"tokenising {source} with the bert-base-uncased vocab (MiniLM package), 2 workers")
+    data = out / "data"
+    vocab = str(minilm_dir() / "vocab.txt")
+    run([py, "-m", "data_prep", "tokenize", *inputs, "--out", str(data), "--tokenizer", vocab, "--workers", "2",
+         "--valid-fraction", "0.05", "--no-progress"])
+    run([py, "-m", "data_prep", "verify", str(data)])
+    manifest = json.loads((data / "manifest.json").read_text())
+    summary["data"] = {"source": source, "totals": manifest.get("totals")}
+
+    # 2-3. pre-training with a preemption, then export
+    pre = stage_pretrain(scale, data, out / "pretrain", logs)
+    summary["pretrain"] = {k: v for k, v in pre.items() if k != "records"}
+    say("3 export", "DeepSpeed checkpoint → Hugging Face directory (safetensors + tokenizer)")
+    hf = out / "elasticbert-demo"
+    run([py, "-m", "pretrain", "export", "--checkpoint", str(out / "pretrain" / "checkpoints"), "--output", str(hf)])
+
+    # 4. fine-tuning: 2ST, MHA exits, ACL-CL
+    task, glue_dir, task_source = glue_task(scale, out)
+    say("4 finetune", f"2ST fine-tuning with MHA exits at every layer and ACL-CL on {task_source}")
+    ft = out / "finetune"
+    run([py, "-m", "finetune", "train", "--model", str(hf), "--task", task, "--data-dir", glue_dir,
+         "--output", str(ft), "--exits", "all", "--exit-type", "mha", "--method", "2st", "--objective", "acl-cl",
+         "--acl-grad", "on", "--max-train-examples", str(scale.train_examples),
+         "--max-dev-examples", str(scale.dev_examples), "--max-length", "128", "--epochs", str(scale.epochs),
+         "--lr", "5e-5", "--batch-size", "16", "--no-progress", "--seed", "1"], log=logs / "finetune.log")
+    summary["finetune"] = json.loads((ft / "dev_scores.json").read_text())
+
+    # 5. early exit + ELUE
+    say("5 early exit", "entropy and patience sweeps on the dev set: score vs FLOPs, measured speed-ups, ELUE score "
+                        "against this model's own static per-layer curve")
+    ee = out / "early_exit"
+    for strategy, sweep in (("entropy", "0.05,0.2,0.4,0.6"), ("patience", "1,2,3,4")):
+        run([py, "-m", "finetune", "early-exit", "--model", str(ft / "best"), "--task", task, "--data-dir", glue_dir,
+             "--strategy", strategy, "--sweep", sweep, "--limit", str(scale.dev_examples), "--out", str(ee)],
+            log=logs / "early_exit.log")
+    sweep_json = str(next(ee.glob("early_exit_*.json")))  # static curve + every operating point of both sweeps
+    run([py, "-m", "finetune", "elue-score", "--baseline", sweep_json, "--points", sweep_json,
+         "--out", str(ee / "elue_score.json")], log=logs / "early_exit.log")
+    summary["early_exit"] = json.loads((ee / "elue_score.json").read_text())
+
+    # 6. report
+    from demo.report import write_report
+
+    report_dir = write_report(out, pre["records"], summary, time.time() - started)
+    print(f"\nDemo finished in {(time.time() - started) / 60:.1f} min. Report: {report_dir / 'summary.md'}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,107 @@
+"""The demo's report folder: the pictures that explain the run, and `summary.md` with the numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def pretrain_loss_plot(records: list[dict], path: Path) -> dict[int, tuple[float, float]]:
+    """Per-exit MLM loss over steps (each exit is trained only on its group's steps); returns first/last per exit."""
+    per_exit: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for r in records:
+        for layer, loss in zip(r["active_exits"], r["mlm_loss"]):
+            per_exit[layer].append((r["step"], loss))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for layer in sorted(per_exit):
+        steps, losses = zip(*sorted(per_exit[layer]))
+        ax.plot(steps, losses, marker=".", label=f"exit {layer}")
+    resumed = [r["step"] for r in records if r.get("attempt", 1) > 1]
+    if resumed:
+        ax.axvline(min(resumed) - 0.5, color="grey", ls="--", lw=1)
+        ax.text(min(resumed) - 0.4, ax.get_ylim()[1], " resumed after preemption", va="top", fontsize=8)
+    ax.set(xlabel="optimizer step", ylabel="MLM loss (masked tokens)", title="Pre-training: MLM loss per exit")
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return {layer: (pts[0][1], pts[-1][1]) for layer, pts in sorted(per_exit.items())}
+
+
+def layer_score_plot(dev_scores: dict, path: Path) -> dict[int, float]:
+    exits = dev_scores["best"]["exits"]
+    metric = dev_scores.get("main_metric", "score")
+    layers = sorted(int(k) for k in exits)
+    scores = [exits[str(k)][metric] for k in layers]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(layers, scores, marker="o")
+    ax.set(xlabel="exit layer", ylabel=f"dev {metric}", title=f"{dev_scores['task']}: dev score at every exit "
+           f"({dev_scores['method']}, {dev_scores['exit_type']} exits, {dev_scores['objective']})")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return dict(zip(layers, scores))
+
+
+def write_report(out: Path, records: list[dict], summary: dict, seconds: float) -> Path:
+    report = out / "report"
+    report.mkdir(exist_ok=True)
+    losses = pretrain_loss_plot(records, report / "pretrain_losses.png")
+    curve = layer_score_plot(summary["finetune"], report / "layer_scores.png")
+    for png in sorted((out / "early_exit").glob("*.png")):
+        shutil.copy(png, report / png.name)
+    for name in ("pretrain/tensorboard", "finetune/tensorboard"):
+        if (out / name).is_dir():
+            shutil.copytree(out / name, report / "tensorboard" / name.split("/")[0], dirs_exist_ok=True)
+
+    ft = summary["finetune"]
+    elue = summary["early_exit"]
+    lines = [
+        "# ElasticBERT demo report",
+        "",
+        f"Scale `{summary['scale']}`, {seconds / 60:.1f} minutes on this machine.",
+        "",
+        "## 1. Data",
+        f"{summary['data']['source']}: {json.dumps(summary['data']['totals'])}",
+        "",
+        "## 2. Pre-training (DeepSpeed, 2 processes, grouped exits, gradient equilibrium)",
+        f"{summary['pretrain']['steps']} optimizer steps; preempted by SIGUSR1 after step "
+        f"{summary['pretrain']['preempted_after_step']} (checkpoint, exit 75) and resumed from `latest`.",
+        "",
+        "| exit | MLM loss, first step | MLM loss, last step |",
+        "|---:|---:|---:|",
+        *[f"| {layer} | {a:.3f} | {b:.3f} |" for layer, (a, b) in losses.items()],
+        "",
+        "![](pretrain_losses.png)",
+        "",
+        f"## 3-4. Fine-tuning on {ft['task']} ({ft['method']}, {ft['exit_type']} exits, objective {ft['objective']})",
+        f"{ft.get('train_examples')} training examples, {ft.get('dev_examples')} dev examples.",
+        "",
+        "| exit | dev score |",
+        "|---:|---:|",
+        *[f"| {layer} | {score:.2f} |" for layer, score in curve.items()],
+        "",
+        "![](layer_scores.png)",
+        "",
+        "## 5. Early exit and ELUE score (baseline: this model's static per-layer curve)",
+        "```json",
+        json.dumps(elue, indent=1, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x)[:4000],
+        "```",
+        "",
+        *[f"![]({p.name})" for p in sorted(report.glob("*.png")) if p.name not in
+          ("pretrain_losses.png", "layer_scores.png")],
+        "",
+        "TensorBoard: `tensorboard --logdir " + str(report / "tensorboard") + "`",
+    ]
+    (report / "summary.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (report / "summary.json").write_text(json.dumps(summary, indent=1, default=str), encoding="utf-8")
+    return report
