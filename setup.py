@@ -36,6 +36,7 @@ setup(
     entry_points={
         "console_scripts": [
             "elasticbert-demo=demo.__main__:main",
+            "elasticbert-data=data_prep.__main__:main",
         ],
     },
 )

@@ -1,1 +1,45 @@
-"""Corpus -> tokenizer -> sharded memory-mapped token files (.bin/.idx) -> manifest; verify."""
+"""Corpus -> tokenizer -> sharded memory-mapped token files (.bin/.idx) -> manifest; verify.
+
+CLI: `python -m data_prep train-tokenizer|tokenize|finalize|verify|stats ...` (console script `elasticbert-data`).
+
+Python API (what the demo, pretrain and the Slurm tests use):
+
+    from data_prep import tokenize_corpus, finalize_dir, verify_dir, PreparedCorpus, minilm_vocab
+
+    manifest = tokenize_corpus(["corpus/"], "out/", tokenizer=minilm_vocab(), workers=2,
+                               shard_tokens=1 << 24, valid_fraction=0.01)
+    # array task j of J (each writes its units; then one call merges them):
+    tokenize_corpus(["corpus/"], "out/", tokenizer=vocab, num_tasks=J, task_index=j)
+    finalize_dir("out/")
+    assert verify_dir("out/") == []           # list of problems, empty when sound
+    corpus = PreparedCorpus("out/", split="train")
+    corpus.sentence(0), corpus.doc_sentence_range(0), corpus.sentence_lengths, corpus.doc_boundaries
+
+Other entry points: `train_tokenizer(texts, out/"tokenizer", kind=...)`, `adopt_vocab(vocab_txt, out/"tokenizer")`,
+`iter_corpus_texts(inputs)`, `corpus_stats(out)`, `PrepConfig` (all settings that change the output).
+Errors a user can fix raise `data_prep.errors.DataPrepError` (a ValueError) naming the file (and line).
+File formats: `data_prep.shard_format`; output layout and resume rules: `data_prep.pipeline`.
+"""
+
+from __future__ import annotations
+
+from .errors import DataPrepError
+from .pipeline import PrepConfig, finalize_dir, iter_corpus_texts, tokenize_corpus
+from .reader import PreparedCorpus
+from .stats import corpus_stats
+from .tokenizer import adopt_vocab, minilm_vocab, train_tokenizer
+from .verify import verify_dir
+
+__all__ = [
+    "DataPrepError",
+    "PrepConfig",
+    "PreparedCorpus",
+    "adopt_vocab",
+    "corpus_stats",
+    "finalize_dir",
+    "iter_corpus_texts",
+    "minilm_vocab",
+    "tokenize_corpus",
+    "train_tokenizer",
+    "verify_dir",
+]

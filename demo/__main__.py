@@ -44,7 +44,7 @@ class Scale:
 
 
 SCALES = {
-    "tiny": Scale(books=2, pretrain_steps=6, preempt_at=3, seq_len=64, train_examples=192, dev_examples=96, epochs=1),
+    "tiny": Scale(books=2, pretrain_steps=6, preempt_at=3, seq_len=64, train_examples=320, dev_examples=128, epochs=2),
     "small": Scale(books=6, pretrain_steps=40, preempt_at=20, seq_len=128, train_examples=1200, dev_examples=277,
                    epochs=2),
     "medium": Scale(books=20, pretrain_steps=150, preempt_at=60, seq_len=128, train_examples=4000, dev_examples=872,
@@ -94,11 +94,11 @@ def corpus_inputs(scale: Scale, out: Path) -> tuple[list[str], str]:
 
 
 def glue_task(scale: Scale, out: Path) -> tuple[str, str, str]:
-    """(task, data dir, description): RTE from ../shared/data/glue when present, else a tiny sentiment task in SST-2
-    format generated from templates here (no download)."""
+    """(task, data dir, description): SST-2 from ../shared/data/glue when present, else a tiny sentiment task in
+    SST-2 format generated from templates here (no download)."""
     glue = SHARED / "glue"
-    if (glue / "RTE" / "train.tsv").is_file():
-        return "RTE", str(glue), f"GLUE RTE from {glue} ({scale.train_examples} training pairs at most)"
+    if (glue / "SST-2" / "train.tsv").is_file():
+        return "SST-2", str(glue), f"GLUE SST-2 from {glue} ({scale.train_examples} training sentences)"
     import random
 
     rng = random.Random(0)
@@ -234,8 +234,8 @@ def main(argv: list[str] | None = None) -> None:
     run([py, "-m", "finetune", "train", "--model", str(hf), "--task", task, "--data-dir", glue_dir,
          "--output", str(ft), "--exits", "all", "--exit-type", "mha", "--method", "2st", "--objective", "acl-cl",
          "--acl-grad", "on", "--max-train-examples", str(scale.train_examples),
-         "--max-dev-examples", str(scale.dev_examples), "--max-length", "128", "--epochs", str(scale.epochs),
-         "--lr", "5e-5", "--batch-size", "16", "--no-progress", "--seed", "1"], log=logs / "finetune.log")
+         "--max-dev-examples", str(scale.dev_examples), "--max-length", "64", "--epochs", str(scale.epochs),
+         "--lr", "1e-4", "--batch-size", "16", "--no-progress", "--seed", "1"], log=logs / "finetune.log")
     summary["finetune"] = json.loads((ft / "dev_scores.json").read_text())
 
     # 5. early exit + ELUE

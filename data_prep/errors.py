@@ -1,0 +1,10 @@
+"""The one exception type data_prep raises for problems a user can fix (bad input, wrong directory, ...)."""
+
+from __future__ import annotations
+
+
+class DataPrepError(ValueError):
+    """A user-facing problem; the message names the file (and line/record) concerned.
+
+    The CLI prints it as one line and exits with code 2, without a traceback.
+    """

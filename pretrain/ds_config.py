@@ -1,0 +1,140 @@
+"""DeepSpeed JSON from ds_configs/ with its "auto" fields filled from the run config.
+
+The run config is the single source of truth for batch sizes, optimiser and clipping; the JSON holds what is
+specific to the hardware (ZeRO stage and buckets, bf16/fp16). A JSON value that is not "auto" and disagrees with
+the run config is an error rather than a silent winner.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import REPO_ROOT, ConfigError, RunConfig, resolve_path
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """What DeepSpeed will actually do per optimizer step (reported at start)."""
+
+    global_batch: int
+    micro_batch: int
+    grad_accum: int
+    world_size: int
+
+    def __str__(self) -> str:
+        return (f"global batch {self.global_batch} = micro-batch {self.micro_batch} × accumulation "
+                f"{self.grad_accum} × world size {self.world_size}")
+
+
+def load_ds_json(path: str | Path) -> dict[str, Any]:
+    p = resolve_path(str(path), REPO_ROOT)
+    if not p.is_file():
+        raise ConfigError(f"DeepSpeed config {p} does not exist (see ds_configs/)")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"DeepSpeed config {p} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"DeepSpeed config {p}: top level must be an object")
+    return data
+
+
+def batch_layout(cfg: RunConfig, world_size: int) -> BatchLayout:
+    t = cfg.train
+    if t.global_batch_size % (t.micro_batch_size * world_size):
+        raise ConfigError(
+            f"train.global_batch_size={t.global_batch_size} is not divisible by micro_batch_size × world_size = "
+            f"{t.micro_batch_size} × {world_size}"
+        )
+    return BatchLayout(t.global_batch_size, t.micro_batch_size,
+                       t.global_batch_size // (t.micro_batch_size * world_size), world_size)
+
+
+def _fill(section: dict[str, Any], key: str, value: Any, where: str, problems: list[str]) -> None:
+    current = section.get(key, AUTO)
+    if current == AUTO:
+        section[key] = value
+    elif current != value and not (isinstance(current, list) and list(current) == list(value)):
+        problems.append(f"{where}.{key}={current!r} in the DeepSpeed JSON disagrees with the run config ({value!r}); "
+                        f"set it to \"auto\" or change the run config")
+
+
+def precision_of(ds: dict[str, Any]) -> str:
+    if ds.get("bf16", {}).get("enabled") is True:
+        return "bf16"
+    if ds.get("fp16", {}).get("enabled") is True:
+        return "fp16"
+    return "fp32"
+
+
+def fill_ds_config(
+    raw: dict[str, Any], cfg: RunConfig, world_size: int, device: str = "cpu"
+) -> tuple[dict[str, Any], BatchLayout]:
+    """Return a concrete DeepSpeed config (no "auto" left) and the batch layout it implies."""
+    ds = copy.deepcopy(raw)
+    problems: list[str] = []
+    layout = batch_layout(cfg, world_size)
+    o = cfg.optim
+    _fill(ds, "train_batch_size", layout.global_batch, "", problems)
+    _fill(ds, "train_micro_batch_size_per_gpu", layout.micro_batch, "", problems)
+    _fill(ds, "gradient_accumulation_steps", layout.grad_accum, "", problems)
+    _fill(ds, "gradient_clipping", float(o.grad_clip), "", problems)
+    if "scheduler" in ds:
+        problems.append("the DeepSpeed JSON has a 'scheduler': the lr schedule lives in the run config (optim.*), "
+                        "computed from the step so resume needs no scheduler state")
+    opt = ds.setdefault("optimizer", {"type": AUTO, "params": {}})
+    _fill(opt, "type", {"adamw": "AdamW", "lamb": "Lamb"}[o.name] if o.name in ("adamw", "lamb") else o.name,
+          "optimizer", problems)
+    params = opt.setdefault("params", {})
+    _fill(params, "lr", float(o.lr), "optimizer.params", problems)
+    _fill(params, "betas", [float(b) for b in o.betas], "optimizer.params", problems)
+    _fill(params, "eps", float(o.eps), "optimizer.params", problems)
+    _fill(params, "weight_decay", float(o.weight_decay), "optimizer.params", problems)
+    if o.name == "adamw":
+        # torch's AdamW on CPU skips a 46 s FusedAdam JIT build; the fused kernel on GPUs.
+        _fill(params, "torch_adam", device != "cuda", "optimizer.params", problems)
+    else:
+        params.pop("torch_adam", None)
+
+    zero = ds.setdefault("zero_optimization", {"stage": 0})
+    if cfg.train.zero_stage is not None:
+        zero["stage"] = cfg.train.zero_stage
+    if zero.get("stage") == AUTO:
+        zero["stage"] = 1
+    prec = cfg.train.precision
+    if prec != "auto":
+        ds["bf16"] = {**ds.get("bf16", {}), "enabled": prec == "bf16"}
+        ds["fp16"] = {**ds.get("fp16", {}), "enabled": prec == "fp16"}
+    for sect in ("bf16", "fp16"):
+        if ds.get(sect, {}).get("enabled") == AUTO:
+            ds[sect]["enabled"] = False
+    if precision_of(ds) == "fp16" and device == "cpu":
+        problems.append("fp16 is not supported by DeepSpeed on CPU ('Type fp16 is not supported on your device'): "
+                        "use ds_configs/cpu_fp32.json, or bf16 (train.precision=bf16)")
+    if o.name == "lamb" and zero.get("stage", 0) != 0:
+        problems.append("optim.name=lamb needs zero_optimization.stage 0 (ZeRO does not support LAMB)")
+    if o.name == "lamb" and device != "cuda":
+        problems.append("optim.name=lamb uses DeepSpeed's FusedLamb, which needs CUDA; use adamw on CPU")
+    leftovers = [k for k, v in _walk(ds) if v == AUTO]
+    if leftovers:
+        problems.append(f"DeepSpeed JSON fields left as \"auto\" that the run config cannot fill: {leftovers}")
+    ds.setdefault("steps_per_print", 10**9)
+    if problems:
+        raise ConfigError(problems, source="DeepSpeed config")
+    return ds, layout
+
+
+def _walk(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.extend(_walk(v, f"{prefix}.{k}" if prefix else k))
+    else:
+        out.append((prefix, d))
+    return out

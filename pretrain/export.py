@@ -1,0 +1,82 @@
+"""DeepSpeed checkpoint (ZeRO 0/1/2/3, any world size) -> a Hugging Face directory finetune and AutoModel load.
+
+Weights come from DeepSpeed's own consolidation (`zero_to_fp32`: the fp32 master copy in the optimizer partitions,
+so a bf16 run exports its fp32 weights); ZeRO-0 checkpoints have no partitions and use the module state. The result
+is written to a temporary sibling directory and renamed, so a failed export leaves no half-written model.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from .checkpoint import CLIENT_STATE, ResumeError, read_client_state, resolve_tag
+
+
+def consolidated_state_dict(ckpt_dir: Path, tag: str) -> dict[str, torch.Tensor]:
+    """fp32 weights of the whole model from a DeepSpeed checkpoint tag directory."""
+    tag_dir = ckpt_dir / tag
+    if glob.glob(str(tag_dir / "*optim_states.pt")):
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        return get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
+    model_files = sorted(glob.glob(str(tag_dir / "mp_rank_*_model_states.pt")))
+    if not model_files:
+        raise ResumeError(f"{tag_dir}: no DeepSpeed model or optimizer states")
+    state = torch.load(model_files[0], map_location="cpu", weights_only=False)
+    return {k: v.float() for k, v in state["module"].items()}
+
+
+def export(ckpt_dir: Path, tag: str | None, output: Path, overwrite: bool = False) -> Path:
+    """Write `output` (safetensors + config + tokenizer files); returns it. Refuses to replace an existing
+    non-empty directory unless `overwrite`."""
+    import elasticbert  # noqa: F401  (registers the Auto* classes)
+    from elasticbert import ElasticBertConfig, ElasticBertForPreTraining
+
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        raise ResumeError(f"{ckpt_dir} is not a directory (expected RUN/checkpoints)")
+    tag = resolve_tag(ckpt_dir, tag)
+    export_files = ckpt_dir / tag / "export"
+    if not (export_files / "config.json").is_file():
+        raise ResumeError(f"{export_files / 'config.json'} is missing: not a checkpoint written by pretrain")
+    output = Path(output)
+    if output.exists() and any(output.iterdir()) and not overwrite:
+        raise ResumeError(f"{output} exists and is not empty (pass --overwrite to replace it)")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ResumeError(f"cannot create {output.parent}: {e.strerror or e}") from None
+
+    config = ElasticBertConfig.from_pretrained(str(export_files))
+    state = consolidated_state_dict(ckpt_dir, tag)
+    model = ElasticBertForPreTraining(config)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {"cls.predictions.decoder.weight"}
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise ResumeError(f"{ckpt_dir / tag}: weights do not match the saved config: missing {missing[:5]}, "
+                          f"unexpected {unexpected[:5]}")
+    model.tie_weights()
+    tmp = output.with_name(f".{output.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    tok = export_files / "tokenizer"
+    if tok.is_dir():
+        for f in tok.iterdir():
+            if f.is_file() and not (tmp / f.name).exists():
+                shutil.copy2(f, tmp / f.name)
+    info = read_client_state(ckpt_dir, tag) if (ckpt_dir / tag / CLIENT_STATE).is_file() else {}
+    (tmp / "pretrain_info.json").write_text(
+        json.dumps({"tag": tag, "step": info.get("step"), "consumed_samples":
+                                  info.get("consumed_samples"), "config_hash": info.get("config_hash")}, indent=2)
+    )
+    if output.exists():
+        shutil.rmtree(output)
+    os.replace(tmp, output)
+    return output

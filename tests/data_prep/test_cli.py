@@ -1,0 +1,97 @@
+"""Every command through `python -m data_prep` on real data (WikiText-2 + a Gutenberg book)."""
+
+import json
+
+import pytest
+
+from data_prep import PreparedCorpus
+from data_prep.stats import corpus_stats
+
+
+def test_all_commands(tmp_path, dp, vocab, wikitext, gutenberg):
+    out = tmp_path / "out"
+    book = str(gutenberg / "1952-0.txt")
+    r = dp.run_cli("train-tokenizer", "--out", str(out), "--vocab", str(vocab))
+    assert r.returncode == 0, r.stderr
+    assert "wordpiece tokenizer, vocab 30522" in r.stdout
+
+    # array task 1 of 2 (as Slurm would start it), then task 0, then finalize
+    common = ["tokenize", str(wikitext), book, "--out", str(out), "--unit-size", "256K", "--shard-tokens", "200K",
+              "--workers", "2", "--no-progress"]
+    r = dp.run_cli(*common, env={"SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_ID": "1"})
+    assert r.returncode == 0, r.stderr
+    assert "task 1/2" in r.stdout and "finalize" in r.stdout
+    r = dp.run_cli("finalize", str(out))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "rerun task(s) [0]" in r.stderr
+    r = dp.run_cli(*common, "--num-tasks", "2", "--task-index", "0")
+    assert r.returncode == 0, r.stderr
+    r = dp.run_cli("finalize", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "train:" in r.stdout and "valid:" in r.stdout
+
+    r = dp.run_cli("verify", str(out), "--workers", "2")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"{out}: OK")
+
+    r = dp.run_cli("stats", str(out))
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    m = dp.load_manifest(out)
+    for split in ("train", "valid"):
+        assert st["splits"][split]["tokens"] == m["splits"][split]["tokens"]
+        png = out / "stats" / f"{split}_lengths.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "stats" / "stats.json").is_file()
+    wiki = next(s for s in m["sources"] if s["key"] == "wiki.test.raw")
+    assert wiki["doc_boundary"] == "line" and not wiki["gutenberg"]
+    assert PreparedCorpus(out).num_docs > 2000  # WikiText paragraphs + the book's paragraphs
+
+
+def test_train_tokenizer_cli_and_tokenize_with_it(tmp_path, dp, gutenberg):
+    out = tmp_path / "out"
+    r = dp.run_cli("train-tokenizer", str(gutenberg / "11-0.txt"), "--out", str(out), "--kind", "unigram",
+                   "--vocab-size", "1500", "--threads", "1")
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((out / "tokenizer" / "data_prep_tokenizer.json").read_text())
+    assert meta["kind"] == "unigram" and meta["special_ids"]["pad"] == 0
+    r = dp.run_cli("tokenize", str(gutenberg / "11-0.txt"), "--out", str(out), "--workers", "1", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    c = PreparedCorpus(out)
+    assert c.vocab_size == meta["vocab_size"] and int(max(c.sentence(i).max() for i in range(50))) < 1500
+    assert dp.run_cli("verify", str(out)).returncode == 0
+    # a second training into the same directory is refused, the tokenizer stays
+    r = dp.run_cli("train-tokenizer", str(gutenberg / "11-0.txt"), "--out", str(out), "--kind", "bpe")
+    assert r.returncode == 2 and "already exists" in r.stderr
+    assert json.loads((out / "tokenizer" / "data_prep_tokenizer.json").read_text()) == meta
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["tokenize", "/nonexistent/file.txt", "--out", "{tmp}/o", "--tokenizer", "{vocab}"], "input not found"),
+        (["tokenize", "{book}", "--out", "{tmp}/o"], "no tokenizer"),
+        (["tokenize", "{book}", "--out", "{tmp}/o", "--tokenizer", "{vocab}", "--valid-fraction", "1.5"],
+         "--valid-fraction must be in [0, 1)"),
+        (["finalize", "{tmp}/o"], "nothing to finalize"),
+    ],
+)
+def test_user_errors_exit_2_with_one_line(tmp_path, dp, vocab, gutenberg, args, message):
+    fill = {"tmp": str(tmp_path), "vocab": str(vocab), "book": str(gutenberg / "1952-0.txt")}
+    r = dp.run_cli(*[a.format(**fill) for a in args])
+    assert r.returncode == 2
+    assert r.stderr.startswith("data_prep: error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_stats_api(small_prepared, tmp_path):
+    st = corpus_stats(small_prepared, tmp_path / "plots")
+    tr = st["splits"]["train"]
+    c = PreparedCorpus(small_prepared)
+    assert (tr["docs"], tr["sentences"], tr["tokens"]) == (c.num_docs, c.num_sentences, c.num_tokens)
+    lengths = c.sentence_lengths
+    assert tr["tokens_per_sentence"]["max"] == int(lengths.max())
+    import numpy as np
+
+    assert tr["tokens_per_sentence"]["p50"] == int(np.percentile(lengths, 50, method="inverted_cdf"))
+    assert (tmp_path / "plots" / "train_lengths.png").stat().st_size > 1000

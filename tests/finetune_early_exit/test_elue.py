@@ -1,0 +1,100 @@
+"""ELUE score against a hand-computed table; file loading; submission files."""
+
+import json
+
+import pytest
+
+from finetune.elue import (
+    BaselineCurve,
+    elue_score,
+    load_baseline,
+    load_curves,
+    module_trace,
+    task_score,
+    write_submission,
+)
+from finetune.tasks import get_task
+
+# Baseline per-exit points (FLOPs, score). Task B is given unsorted on purpose.
+BASELINE = {
+    "SST-2": [(1.0, 70.0), (2.0, 80.0), (4.0, 84.0)],
+    "MRPC": [(30.0, 50.0), (10.0, 40.0), (20.0, 46.0)],
+}
+SYSTEM = {
+    # f=1.5 -> p_EB 75 (+3); f=3 -> 82 (-1); f=0.5 below range; f=5 above range
+    "SST-2": [(1.5, 78.0), (3.0, 81.0), (0.5, 66.0), (5.0, 85.0)],
+    # f=15 -> 43 (+2); f=25 -> 48 (-1); f=10 (end point, in range) -> 40 (+1)
+    "MRPC": [(15.0, 45.0), (25.0, 47.0), (10.0, 41.0)],
+}
+# Hand-computed. Out of range on SST-2: below, clamp -> 70 (66-70 = -4), extrapolate along 70->80 (slope 10/FLOP)
+# -> 65 (+1); above, clamp -> 84 (+1), extrapolate along 80->84 (slope 2) -> 86 (-1); drop -> left out.
+EXPECTED = {
+    "clamp": {"SST-2": (3 - 1 - 4 + 1) / 4, "MRPC": (2 - 1 + 1) / 3},
+    "extrapolate": {"SST-2": (3 - 1 + 1 - 1) / 4, "MRPC": 2 / 3},
+    "drop": {"SST-2": (3 - 1) / 2, "MRPC": 2 / 3},
+}
+
+
+@pytest.mark.parametrize("policy", list(EXPECTED))
+def test_elue_score_hand_computed(policy):
+    report = elue_score(BASELINE, SYSTEM, policy)
+    for task, value in EXPECTED[policy].items():
+        assert report["tasks"][task]["score"] == pytest.approx(value)
+    assert report["score"] == pytest.approx(sum(EXPECTED[policy].values()) / 2)
+    statuses = [p["status"] for p in report["tasks"]["SST-2"]["points"]]
+    assert statuses == ["in", "in", "below", "above"]
+    assert report["tasks"]["SST-2"]["dropped"] == (2 if policy == "drop" else 0)
+
+
+def test_out_of_range_error_and_single_point_curve():
+    with pytest.raises(ValueError, match="outside the baseline's range"):
+        elue_score(BASELINE, SYSTEM, "error")
+    flat = BaselineCurve.from_points([(5.0, 60.0)])
+    assert flat.value(1.0, "extrapolate") == (60.0, "below")
+    assert flat.value(9.0, "clamp") == (60.0, "above")
+    assert task_score([(1.0, 50.0), (1.0, 54.0), (3.0, 60.0)], [(2.0, 60.0)])["score"] == pytest.approx(4.0)
+
+
+def test_task_names_match_across_spellings():
+    report = elue_score({"elue/SST-2": BASELINE["SST-2"]}, {"sst2": [(2.0, 81.0)]})
+    assert report["score"] == pytest.approx(1.0) and report["tasks_without_points"] == []
+    with pytest.raises(ValueError, match="no baseline curve"):
+        elue_score(BASELINE, {"RTE": [(1.0, 60.0)]})
+
+
+def test_load_json_csv_and_early_exit_results(tmp_path):
+    (tmp_path / "base.json").write_text(json.dumps({"tasks": {t: [list(p) for p in v] for t, v in BASELINE.items()}}))
+    (tmp_path / "sys.csv").write_text(
+        "system,task,flops,score\n" + "".join(f"mine,{t},{f},{s}\n" for t, v in SYSTEM.items() for f, s in v)
+    )
+    baseline = load_baseline([tmp_path / "base.json"])
+    systems = load_curves(tmp_path / "sys.csv")
+    assert elue_score(baseline, systems["mine"])["score"] == pytest.approx(sum(EXPECTED["clamp"].values()) / 2)
+
+    result = {
+        "format": "elasticbert-early-exit/1",
+        "task": "SST-2",
+        "static": [{"layer": 1, "mean_flops": 1.0, "score": 70.0}, {"layer": 2, "mean_flops": 2.0, "score": 80.0}],
+        "strategies": {"entropy": {"points": [{"threshold": 0.1, "mean_flops": 1.5, "score": 76.0}]}},
+    }
+    (tmp_path / "run.json").write_text(json.dumps(result))
+    assert load_curves(tmp_path / "run.json", role="baseline") == {"static": {"SST-2": [(1.0, 70.0), (2.0, 80.0)]}}
+    points = load_curves(tmp_path / "run.json")
+    assert elue_score(load_baseline([tmp_path / "run.json"]), points["entropy"])["score"] == pytest.approx(1.0)
+
+
+def test_module_trace():
+    assert module_trace((1, 3), 3) == "embeddings,layer1,exit1,layer2,layer3,exit3"
+
+
+def test_write_submission_files(tmp_path):
+    task = get_task("STS-B")
+    paths = write_submission(
+        tmp_path, task, [0, 1], [1.23456, 4.0], [2, 6], [9, 14], [1e6, 2e6], [(1, 2), (1, 2, 3, 4, 5, 6)], {"a": 1}
+    )
+    assert [p.name for p in paths] == ["STS-B.tsv", "STS-B_exit_layer.tsv", "STS-B_modules.tsv", "submission.json"]
+    assert (tmp_path / "STS-B.tsv").read_text() == "index\tprediction\n0\t1.235\n1\t4.000\n"
+    assert (tmp_path / "STS-B_exit_layer.tsv").read_text() == "index\texit_layer\n0\t2\n1\t6\n"
+    rows = (tmp_path / "STS-B_modules.tsv").read_text().splitlines()
+    assert rows[1] == "0\t2\t9\t1000000\tembeddings,layer1,exit1,layer2,exit2"
+    assert json.loads((tmp_path / "submission.json").read_text()) == {"STS-B": {"a": 1}}

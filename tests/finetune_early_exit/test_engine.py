@@ -1,0 +1,166 @@
+"""Batched early exit against batch size 1, and the thresholds that never / always fire."""
+
+import math
+
+import pytest
+import torch
+
+from finetune.early_exit import (
+    LearnedExitHead,
+    entropy_nats,
+    make_rule,
+    run_batch,
+    run_dataset,
+)
+
+
+def _exit_outputs(model, split):
+    with torch.no_grad():
+        out = model(split.input_ids, attention_mask=split.attention_mask, token_type_ids=split.token_type_ids)
+    return torch.stack(out.representations, 1), torch.stack(out.logits, 1)  # [N, E, d], [N, E, K]
+
+
+def _gap_threshold(values):
+    """A threshold in the widest gap among the middle values: far from every observed value, so that the float noise
+    between padded and unpadded runs cannot flip a decision, and with samples on both sides."""
+    v = torch.sort(values.flatten().float()).values
+    lo, hi = int(0.25 * len(v)), int(0.75 * len(v))
+    gaps = v[lo + 1 : hi + 1] - v[lo:hi]
+    i = int(gaps.argmax())
+    assert gaps[i] > 1e-4, "no usable gap between observed values"
+    return float((v[lo + i] + v[lo + i + 1]) / 2)
+
+
+def _lte_head(dim, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    head = LearnedExitHead(dim)
+    with torch.no_grad():
+        head.linear.weight.copy_(torch.randn(1, dim, generator=g) * 0.3)
+        head.linear.bias.zero_()
+    return head.eval()
+
+
+def _rule_for(strategy, model, split, regression=False):
+    """A rule with a threshold chosen so that samples exit at several different layers."""
+    reps, logits = _exit_outputs(model, split)
+    inner = logits[:, :-1]  # the last exit always takes everyone left
+    if strategy == "entropy":
+        return make_rule("entropy", _gap_threshold(entropy_nats(inner)), 2)
+    if strategy == "maxprob":
+        return make_rule("maxprob", _gap_threshold(torch.softmax(inner, -1).amax(-1)), 2)
+    if strategy == "pcee":
+        return make_rule("pcee", _gap_threshold(entropy_nats(inner) / math.log(2)), 2, patience=2)
+    if strategy == "patience" and not regression:
+        return make_rule("patience", 1, 2)
+    if strategy == "patience":
+        deltas = (logits[:, 1:, 0] - logits[:, :-1, 0]).abs()
+        return make_rule("patience", 1, 1, delta=_gap_threshold(deltas))
+    if strategy == "lte":  # one head shares all exits, so its per-layer offsets dominate: split at the first exit
+        head = _lte_head(reps.shape[-1])
+        with torch.no_grad():  # centred and scaled on the first exit's representations, as the fixture's heads
+            first = reps[:, 0]
+            head.linear.weight.div_((first @ head.linear.weight.T).std() / 2)
+            head.linear.bias.fill_(-float((first @ head.linear.weight.T).mean()))
+            errors = head(first)
+        return make_rule("lte", _gap_threshold(errors), model.config.num_labels, lte_head=head)
+    raise AssertionError(strategy)
+
+
+CASES = [
+    ("entropy", False),
+    ("maxprob", False),
+    ("patience", False),
+    ("pcee", False),
+    ("lte", False),
+    ("patience", True),
+    ("lte", True),
+]
+
+
+@pytest.mark.parametrize("strategy,regression", CASES, ids=[f"{s}{'-reg' if r else ''}" for s, r in CASES])
+def test_batched_equals_one_by_one(strategy, regression, classifier, regressor, sst2_dev, stsb_dev):
+    model, split = (regressor, stsb_dev) if regression else (classifier, sst2_dev)
+    rule = _rule_for(strategy, model, split, regression)
+    batched, _ = run_dataset(model, split.batches(16), rule)
+    single, _ = run_dataset(model, split.batches(1), rule)
+    wanted = 2 if strategy == "lte" else 3
+    assert len(set(batched.exit_layers.tolist())) >= wanted, f"threshold too extreme: {batched.exit_layers.tolist()}"
+    assert torch.equal(batched.exit_layers, single.exit_layers)
+    assert torch.equal(batched.exits_evaluated, single.exits_evaluated)
+    if regression:
+        torch.testing.assert_close(batched.predictions, single.predictions, atol=1e-2, rtol=0)
+    else:
+        assert torch.equal(batched.predictions, single.predictions)
+    # The spread-out heads amplify padded-vs-unpadded float noise (~1e-6) by ~1e3; logits spread ~2 across samples.
+    torch.testing.assert_close(batched.logits, single.logits, atol=1e-2, rtol=0)
+    assert torch.equal(batched.lengths, split.lengths)
+
+
+def test_unsorted_batches_give_the_same_result(classifier, sst2_dev):
+    """Length-sorting is only a speed measure: file-order batches (more padding, more trimming) agree."""
+    rule = _rule_for("entropy", classifier, sst2_dev)
+    a, _ = run_dataset(classifier, sst2_dev.batches(16, sort_by_length=True), rule)
+    b, _ = run_dataset(classifier, sst2_dev.batches(16, sort_by_length=False), rule)
+    assert torch.equal(a.exit_layers, b.exit_layers) and torch.equal(a.predictions, b.predictions)
+
+
+NEVER = {"entropy": 0.0, "maxprob": 1.5, "patience": 6, "pcee": 0.0, "lte": 0.0}
+ALWAYS = {"entropy": math.inf, "maxprob": 0.0, "patience": 0, "pcee": math.inf, "lte": 2.0}
+
+
+@pytest.mark.parametrize("strategy", list(NEVER))
+def test_never_and_always_fire(strategy, classifier, sst2_dev):
+    head = _lte_head(classifier.config.hidden_size)
+    kwargs = dict(patience=1 if strategy == "pcee" else 2, lte_head=head)
+    ids, mask, types = sst2_dev.input_ids[:16], sst2_dev.attention_mask[:16], sst2_dev.token_type_ids[:16]
+    with torch.no_grad():
+        full = classifier(ids, attention_mask=mask, token_type_ids=types).logits
+
+    never = run_batch(classifier, ids, mask, types, make_rule(strategy, NEVER[strategy], 2, **kwargs))
+    assert never.exit_layers.eq(6).all() and never.exits_evaluated.eq(6).all()
+    torch.testing.assert_close(never.logits, full[-1], atol=1e-5, rtol=0)
+
+    always = run_batch(classifier, ids, mask, types, make_rule(strategy, ALWAYS[strategy], 2, **kwargs))
+    assert always.exit_layers.eq(1).all() and always.exits_evaluated.eq(1).all()
+    torch.testing.assert_close(always.logits, full[0], atol=1e-5, rtol=0)
+
+
+def test_exit_subset_and_static_truncation(classifier, sst2_dev):
+    ids, mask, types = sst2_dev.input_ids, sst2_dev.attention_mask, sst2_dev.token_type_ids
+    with torch.no_grad():
+        static3 = classifier(ids, attention_mask=mask, token_type_ids=types, exit_layers=[3]).logits[0]
+    out = run_batch(classifier, ids, mask, types, make_rule("entropy", 0.0, 2), exit_layers=[3])
+    assert out.exit_layers.eq(3).all() and out.trace(0) == (3,)
+    torch.testing.assert_close(out.logits, static3, atol=1e-5, rtol=0)
+
+
+def test_patience_counts_consecutive_agreement():
+    rule = make_rule("patience", 2, 2)
+    rule.start(3)
+    steps = [[0, 1, 1], [0, 0, 1], [0, 0, 1], [1, 0, 0]]  # predicted class per sample, exit by exit
+    fired = []
+    for position, preds in enumerate(steps):
+        logits = torch.nn.functional.one_hot(torch.tensor(preds), 2).float()
+        fired.append(rule.decide(position, None, logits).tolist())
+    # sample 0 (0,0,0,1) and sample 2 (1,1,1,0) agree twice by exit 3; sample 1 (1,0,0,0) only by exit 4
+    assert [f[0] for f in fired] == [False, False, True, False]
+    assert [f[1] for f in fired] == [False, False, False, True]
+    assert [f[2] for f in fired] == [False, False, True, False]
+
+
+def test_rule_validation():
+    with pytest.raises(ValueError, match="regression"):
+        make_rule("entropy", 0.1, 1)
+    with pytest.raises(ValueError, match="LearnedExitHead"):
+        make_rule("lte", 0.1, 2)
+    with pytest.raises(ValueError, match="whole numbers"):
+        make_rule("patience", 1.5, 2)
+    with pytest.raises(ValueError, match="unknown strategy"):
+        make_rule("magic", 0.1, 2)
+
+
+def test_left_padding_is_refused(classifier):
+    ids = torch.tensor([[0, 101, 2000, 102], [101, 2000, 2001, 102]])
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    with pytest.raises(ValueError, match="right-padded"):
+        run_batch(classifier, ids, mask, None, make_rule("entropy", 0.1, 2))

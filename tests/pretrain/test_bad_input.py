@@ -1,0 +1,123 @@
+"""Bad input fails fast (before any process group), with exit code 2 and a message that says what to fix."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from pretrain_testlib import TINY, train_args
+
+from pretrain.__main__ import main
+
+
+def run_main(args, capsys):
+    code = main(args)
+    err = capsys.readouterr().err
+    return code, err
+
+
+@pytest.fixture
+def data_copy(prepared_gutenberg, tmp_path):
+    dst = tmp_path / "corpus"
+    shutil.copytree(prepared_gutenberg, dst, ignore=shutil.ignore_patterns("index_cache"))
+    return dst
+
+
+def test_config_errors_exit_2_without_traceback(tmp_path, prepared_gutenberg, capsys, clean_env):
+    code, err = run_main(train_args(TINY, tmp_path / "r", prepared_gutenberg, ["optim.lrr=1", "exits.groups=[[1,4]]"]),
+                         capsys)
+    assert code == 2
+    assert "unknown key 'optim.lrr' (did you mean 'optim.lr'?)" in err and "exits.groups miss layers [2, 3]" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "r").exists(), "nothing is created for an invalid config"
+
+
+def test_missing_data_dir(tmp_path, capsys, clean_env):
+    code, err = run_main(train_args(TINY, tmp_path / "r", tmp_path / "nope", []), capsys)
+    assert code == 2 and "prepared corpus directory not found" in err and str(tmp_path / "nope") in err
+
+
+def test_truncated_shard(data_copy, tmp_path, capsys, clean_env):
+    shard = sorted((data_copy / "train").glob("*.bin"))[0]
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size - 64)
+    code, err = run_main(train_args(TINY, tmp_path / "r", data_copy, []), capsys)
+    assert code == 2 and "truncated" in err and shard.name in err
+
+
+def test_corrupted_tokens_caught_by_verify(data_copy, tmp_path, capsys, clean_env):
+    from data_prep.verify import verify_dir
+
+    shard = sorted((data_copy / "train").glob("*.bin"))[0]
+    with open(shard, "r+b") as f:  # same size, different bytes: only a re-hash notices
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 0x01]))
+    code, err = run_main(train_args(TINY, tmp_path / "r", data_copy, []), capsys)
+    assert code == 2 and "failed data_prep verify" in err
+    for problem in verify_dir(data_copy):  # verify's own messages, verbatim
+        assert problem in err
+
+
+def test_verification_is_stamped_once_per_corpus_version(data_copy, tmp_path, capsys, clean_env):
+    from pretrain.config import load_config
+    from pretrain.trainer import open_data
+
+    cfg = load_config(TINY, [f"data.corpora.0.path={data_copy}"])
+    open_data(cfg, tmp_path, need_valid=False)
+    stamps = list((data_copy / "index_cache").glob("verified_*.json"))
+    assert len(stamps) == 1
+    (data_copy / "manifest.json").touch()  # a changed file (mtime) means another version: verify again
+    open_data(cfg, tmp_path, need_valid=False)
+    assert len(list((data_copy / "index_cache").glob("verified_*.json"))) == 2
+
+
+def test_run_dir_not_writable(prepared_gutenberg, tmp_path, capsys, clean_env):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    code, err = run_main(train_args(TINY, blocker / "run", prepared_gutenberg, []), capsys)
+    assert code == 2 and "is not writable" in err and str(blocker / "run") in err
+
+
+def test_missing_ds_config_and_fp16_on_cpu(prepared_gutenberg, tmp_path, capsys, clean_env):
+    args = train_args(TINY, tmp_path / "r", prepared_gutenberg, [])
+    code, err = run_main(args + ["--ds-config", str(tmp_path / "nope.json")], capsys)
+    assert code == 2 and "nope.json does not exist" in err
+    code, err = run_main(args + ["--ds-config", "ds_configs/zero2_fp16.json"], capsys)
+    assert code == 2 and "fp16 is not supported by DeepSpeed on CPU" in err
+
+
+def test_world_size_that_does_not_divide_the_batch(prepared_gutenberg, tmp_path, capsys, clean_env, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    code, err = run_main(train_args(TINY, tmp_path / "r", prepared_gutenberg, []), capsys)
+    assert code == 2 and "micro_batch_size × world_size = 4 × 3" in err
+
+
+def test_export_of_something_that_is_not_a_checkpoint(tmp_path, capsys):
+    code, err = run_main(["export", "--checkpoint", str(tmp_path), "--output", str(tmp_path / "hf")], capsys)
+    assert code == 2 and "no 'latest' file" in err
+
+
+def test_blended_corpora_must_share_a_tokenizer(prepared_gutenberg, tmp_path, clean_env):
+    """Two corpora with the same tokenizer blend; one prepared with another vocabulary is refused by name."""
+    from pretrain_testlib import BOOKS, GUTENBERG
+
+    from data_prep.pipeline import tokenize_corpus
+    from data_prep.tokenizer import train_tokenizer
+    from pretrain.config import ConfigError, load_config
+    from pretrain.trainer import open_data
+
+    both = load_config(TINY, [f"data.corpora=[{{path: {prepared_gutenberg}, weight: 3}}, "
+                              f"{{path: {prepared_gutenberg}, weight: 1}}]"])
+    bundle = open_data(both, tmp_path, need_valid=True)
+    assert len(bundle.train) == 2 and len(bundle.valid) == 2 and len(bundle.train[0]) == len(bundle.train[1])
+
+    text = (GUTENBERG / BOOKS[1]).read_text(encoding="utf-8")
+    train_tokenizer([text], tmp_path / "tok", vocab_size=500)
+    other = tmp_path / "other"
+    tokenize_corpus([str(GUTENBERG / BOOKS[1])], other, tokenizer=tmp_path / "tok", valid_fraction=0.1)
+    mixed = load_config(TINY, [f"data.corpora=[{{path: {prepared_gutenberg}}}, {{path: {other}}}]"])
+    with pytest.raises(ConfigError, match=r"data.corpora\[1\] .* uses a different tokenizer"):
+        open_data(mixed, tmp_path, need_valid=False)

@@ -1,0 +1,187 @@
+"""Run configs, DeepSpeed JSON filling, lr schedule and launcher environments: fast, in-process."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pretrain.config import REPO_ROOT, ConfigError, load_config, validate
+from pretrain.distributed import expand_nodelist, resolve_env
+from pretrain.ds_config import fill_ds_config, load_ds_json
+from pretrain.schedule import learning_rate
+
+CONFIGS = REPO_ROOT / "configs"
+DS = REPO_ROOT / "ds_configs"
+
+
+def test_shipped_configs_load_and_match_the_design():
+    base = load_config(CONFIGS / "elasticbert_base.yaml")
+    assert (base.model.num_hidden_layers, base.exits.num_groups, base.data.max_seq_len) == (12, 2, 512)
+    assert (base.train.global_batch_size, base.train.train_steps) == (4096, 125_000)
+    assert base.exit_groups() == [(1, 3, 5, 7, 9, 11, 12), (2, 4, 6, 8, 10, 12)]
+    validate(base, world_size=64)  # 64 GPUs: 32 x 64 x accumulation 2
+    large = load_config(CONFIGS / "elasticbert_large.yaml")
+    assert large.model.num_hidden_layers == 24 and large.model.activation_checkpointing
+    assert large.exit_groups() == [tuple(range(1, 24, 3)) + (24,), tuple(range(2, 24, 3)) + (24,),
+                                   tuple(range(3, 24, 3)) + (24,)]
+    tiny = load_config(CONFIGS / "tiny_cpu.yaml")
+    assert tiny.model.hidden_size == 64 and tiny.train.ds_config.endswith("cpu_fp32.json")
+    from elasticbert import exit_groups
+
+    for cfg in (base, large, tiny):  # our derivation agrees with the model package's
+        assert cfg.exit_groups() == exit_groups(cfg.model.num_hidden_layers, cfg.exits.num_groups)
+
+
+def test_overrides_are_typed_and_reach_nested_lists():
+    cfg = load_config(CONFIGS / "tiny_cpu.yaml", ["optim.lr=1e-4", "data.corpora.0.path=/x", "train.zero_stage=3",
+                                                  "exits.groups=[[1,2,4],[3,4]]"])
+    assert cfg.optim.lr == 1e-4 and isinstance(cfg.optim.lr, float)
+    assert cfg.data.corpora[0].path == "/x" and cfg.train.zero_stage == 3
+    assert cfg.exit_groups() == [(1, 2, 4), (3, 4)]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["optim.lrr=1"], "unknown key 'optim.lrr' (did you mean 'optim.lr'?)"),
+        (["modle.hidden_size=8"], "unknown key 'modle'"),
+        (["exits.groups=[[1,4],[2,4]]"], "exits.groups miss layers [3]"),
+        (["exits.groups=[[1,2,3,4],[2,3]]"], "exits.groups[1] lacks the top layer 4"),
+        (["exits.num_groups=4"], "exits.num_groups=4 must be within 1..3"),
+        (["train.global_batch_size=18"], "global_batch_size=18 is not divisible by train.micro_batch_size=4"),
+        (["train.micro_batch_size=many"], "train.micro_batch_size: expected an integer"),
+        (["model.hidden_size=65"], "not a multiple of num_attention_heads"),
+        (["data.max_seq_len=256"], "exceeds model.max_position_embeddings=128"),
+        (["data.corpora=[]"], "at least one prepared corpus"),
+        (["optim.warmup_steps=99"], "optim.warmup_steps=99 must be within 0..train.train_steps=30"),
+        (["optim.name=lamb", "train.zero_stage=1"], "LAMB's per-tensor trust ratio"),
+    ],
+)
+def test_config_errors_are_specific(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(CONFIGS / "tiny_cpu.yaml", overrides)
+    assert message in str(e.value)
+
+
+def test_all_problems_reported_at_once():
+    with pytest.raises(ConfigError) as e:
+        load_config(CONFIGS / "tiny_cpu.yaml", ["optim.lrr=1", "exits.groups=[[1,4]]"])
+    assert len(e.value.problems) == 2
+
+
+def test_world_size_divisibility_is_checked_with_a_hint():
+    cfg = load_config(CONFIGS / "tiny_cpu.yaml")  # global 16, micro 4
+    validate(cfg, world_size=2)
+    with pytest.raises(ConfigError, match=r"micro_batch_size × world_size = 4 × 3"):
+        validate(cfg, world_size=3)
+
+
+def test_semantic_hash_ignores_cadence_but_not_meaning():
+    a = load_config(CONFIGS / "tiny_cpu.yaml")
+    assert a.semantic_hash() == load_config(CONFIGS / "tiny_cpu.yaml", ["checkpoint.interval=7",
+                                                                        "train.micro_batch_size=2",
+                                                                        "logging.progress=true"]).semantic_hash()
+    assert a.semantic_hash() != load_config(CONFIGS / "tiny_cpu.yaml", ["optim.lr=1e-4"]).semantic_hash()
+    assert a.semantic_hash() != load_config(CONFIGS / "tiny_cpu.yaml", ["exits.num_groups=1"]).semantic_hash()
+
+
+# ------------------------------------------------------------------------------------------------ DeepSpeed JSON
+
+
+@pytest.mark.parametrize("path", sorted(DS.glob("*.json")), ids=lambda p: p.name)
+def test_every_ds_config_fills_completely(path):
+    cfg = load_config(CONFIGS / "elasticbert_base.yaml")
+    raw = load_ds_json(path)
+    device = "cuda" if "fp16" in path.name or "bf16" in path.name else "cpu"
+    ds, layout = fill_ds_config(raw, cfg, world_size=64, device=device)
+    assert "auto" not in json.dumps(ds)
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == \
+        (4096, 32, 2)
+    assert (layout.micro_batch, layout.grad_accum, layout.world_size) == (32, 2, 64)
+    assert ds["optimizer"]["params"]["lr"] == cfg.optim.lr and ds["gradient_clipping"] == cfg.optim.grad_clip
+    stage = int(path.name[4]) if path.name.startswith("zero") else 1
+    assert ds["zero_optimization"]["stage"] == stage
+    if device == "cuda":
+        assert ds["optimizer"]["params"]["torch_adam"] is False  # fused kernel on GPUs
+    # DeepSpeed's own schemas accept the sections (they forbid unknown keys): the fp16 files are valid even though
+    # this CPU cannot run them.
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    DeepSpeedZeroConfig(**ds["zero_optimization"])
+    if "fp16" in ds:
+        assert DeepSpeedFP16Config(**ds["fp16"]).enabled is ("fp16" in path.name)
+    if "bf16" in ds:
+        assert DeepSpeedBF16Config(**ds["bf16"]).enabled is ("bf16" in path.name)
+
+
+def test_fp16_refused_on_cpu_with_a_way_out():
+    cfg = load_config(CONFIGS / "tiny_cpu.yaml")
+    with pytest.raises(ConfigError, match="fp16 is not supported by DeepSpeed on CPU"):
+        fill_ds_config(load_ds_json(DS / "zero2_fp16.json"), cfg, world_size=2, device="cpu")
+
+
+def test_ds_json_disagreeing_with_run_config_is_an_error():
+    cfg = load_config(CONFIGS / "tiny_cpu.yaml")
+    raw = load_ds_json(DS / "cpu_fp32.json")
+    raw["train_micro_batch_size_per_gpu"] = 8
+    with pytest.raises(ConfigError, match=r"train_micro_batch_size_per_gpu=8 in the DeepSpeed JSON disagrees"):
+        fill_ds_config(raw, cfg, world_size=2)
+    raw = load_ds_json(DS / "cpu_fp32.json")
+    raw["scheduler"] = {"type": "WarmupLR"}
+    with pytest.raises(ConfigError, match="lr schedule lives in the run config"):
+        fill_ds_config(raw, cfg, world_size=2)
+
+
+def test_zero_stage_and_precision_overrides():
+    cfg = load_config(CONFIGS / "tiny_cpu.yaml", ["train.zero_stage=3", "train.precision=bf16"])
+    ds, layout = fill_ds_config(load_ds_json(DS / "cpu_fp32.json"), cfg, world_size=1)
+    assert ds["zero_optimization"]["stage"] == 3 and ds["bf16"]["enabled"] is True
+    assert layout.grad_accum == 4
+
+
+# ---------------------------------------------------------------------------------------------------- schedule
+
+
+def test_learning_rate_warmup_then_linear_decay():
+    cfg = load_config(CONFIGS / "tiny_cpu.yaml", ["optim.warmup_steps=4", "optim.lr=1.0", "train.train_steps=12"])
+    lrs = [learning_rate(t, 12, cfg.optim) for t in range(12)]
+    assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]  # the first update is not wasted at lr 0
+    assert lrs[4] == 1.0 and lrs[8] == pytest.approx(0.5) and lrs[11] == pytest.approx(1 / 8)
+    assert all(a >= b for a, b in zip(lrs[3:], lrs[4:]))
+
+
+# -------------------------------------------------------------------------------------------------- launchers
+
+
+def test_slurm_variables_become_torch_distributed_ones():
+    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "123",
+           "SLURM_JOB_NODELIST": "gpu[07-08],gpu11"}
+    d = resolve_env(env)
+    assert (d.rank, d.world_size, d.local_rank, d.master_addr, d.launcher) == (5, 16, 1, "gpu07", "srun")
+    assert d.master_port == resolve_env(dict(env, SLURM_PROCID="0")).master_port  # same on every task
+    torchrun = resolve_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h",
+                            "MASTER_PORT": "1234", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"})
+    assert (torchrun.rank, torchrun.world_size, torchrun.master_port, torchrun.launcher) == (1, 2, 1234, "torchrun")
+    alone = resolve_env({})
+    assert (alone.rank, alone.world_size, alone.launcher) == (0, 1, "none")
+
+
+def test_nodelist_expansion():
+    assert expand_nodelist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
+    assert expand_nodelist("n[8-10]-ib") == ["n8-ib", "n9-ib", "n10-ib"]
+
+
+def test_checkpoint_compatibility_refuses_unless_forced():
+    from pretrain.checkpoint import ResumeError, ResumePoint, check_compatible
+
+    old = load_config(CONFIGS / "tiny_cpu.yaml")
+    new = load_config(CONFIGS / "tiny_cpu.yaml", ["optim.lr=1e-4", "logging.progress=true"])
+    point = ResumePoint("global_step5", {"step": 5, "consumed_samples": 80, "config_hash": old.semantic_hash(),
+                                         "config": old.to_dict()})
+    assert check_compatible(point, old.semantic_hash(), old.to_dict(), force=False) == []
+    with pytest.raises(ResumeError, match=r"optim.lr: 0.002 -> 0.0001") as e:
+        check_compatible(point, new.semantic_hash(), new.to_dict(), force=False)
+    assert "logging.progress" not in str(e.value)  # cadence/logging changes are not the reason
+    assert check_compatible(point, new.semantic_hash(), new.to_dict(), force=True) == ["optim.lr: 0.002 -> 0.0001"]
