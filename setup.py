@@ -37,6 +37,8 @@ setup(
         "console_scripts": [
             "elasticbert-demo=demo.__main__:main",
             "elasticbert-data=data_prep.__main__:main",
+            "elasticbert-pretrain=pretrain.__main__:main",
+            "elasticbert-finetune=finetune.__main__:main",
         ],
     },
 )

@@ -377,7 +377,7 @@ class ElasticBertForPreTraining(ElasticBertPreTrainedModel):
             mlm_accuracy = (logits.argmax(-1) == targets).view(len(exits), num_masked).float().mean(dim=1)
         else:  # keeps the graph connected so every rank's backward touches the same parameters
             mlm_loss = logits.sum().expand(len(exits)) * 0.0
-            mlm_accuracy = torch.zeros(len(exits))
+            mlm_accuracy = torch.zeros(len(exits), device=logits.device)
 
         sop_logits = torch.stack(
             [
