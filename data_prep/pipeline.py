@@ -745,6 +745,9 @@ def finalize_dir(out_dir: str | os.PathLike) -> dict[str, Any]:
     }
     if manifest["totals"]["docs"] == 0:
         raise DataPrepError(f"{out}: the inputs produced no documents (all empty after stripping?)")
+    if plan["config"]["valid_fraction"] > 0 and splits["valid"]["docs"] == 0:
+        log.warning("%s: the validation split is empty (%d documents x valid_fraction %g): raise --valid-fraction",
+                    out, manifest["totals"]["docs"], plan["config"]["valid_fraction"])
     atomic_write_json(manifest_path, manifest)
     live = {_unit_dir(out, k).name for k in keys}
     for d in _units_dir(out).iterdir():  # units of earlier plans (inputs changed since): no longer needed
