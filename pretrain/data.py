@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -474,10 +473,3 @@ class Collator:
     def __call__(self, items: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
         return collate(items, self.pad_id)
 
-
-def measure_build_rate(dataset: BlendedDataset, keys: Sequence[tuple[int, int]]) -> float:
-    """Samples built per second in this process (for the data-headroom benchmark)."""
-    t0 = time.perf_counter()
-    for key in keys:
-        dataset[key]
-    return len(keys) / (time.perf_counter() - t0)
