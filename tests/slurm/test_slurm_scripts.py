@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted(
@@ -68,7 +69,10 @@ def test_pretrain_large_reuses_base():
 
 def test_pretrain_base_defaults():
     text = (REPO / "slurm/pretrain_base.sh").read_text()
-    assert "configs/elasticbert_base.yaml" in text and "ds_configs/zero2_bf16.json" in text
+    assert "CONFIG=${CONFIG:-configs/elasticbert_base.yaml}" in text
+    assert "DS_CONFIG=${DS_CONFIG:-}" in text  # unless overridden, the run config's train.ds_config decides
+    ds_config = yaml.safe_load((REPO / "configs/elasticbert_base.yaml").read_text())["train"]["ds_config"]
+    assert ds_config.endswith("_bf16.json") and (REPO / ds_config).is_file()
 
 
 def test_prep_data_has_no_array_directive():
