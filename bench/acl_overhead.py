@@ -38,9 +38,11 @@ def main(argv: list[str] | None = None) -> int:
         title = ("stage 1 (backbone + last exit)" if stage == 0 else "stage 2 (frozen backbone, 5 intermediate exits,"
                  " KD in every case)") + ": step time relative to CE alone"
         results[stage] = report(cases, "CE", title)
-    worst = max(v for k, v in results[1].items() if "ACL-Grad" in k and "scope=exit" in k)
-    print(f"\nstage 2, CE+ACL with ACL-Grad (scope=exit), worst wall ratio {worst:.2f}x (target <= 1.15x): "
-          f"{'met' if worst <= 1.15 else 'NOT met'}")
+    gated = [v for k, v in results[1].items() if "ACL-Grad" in k and "scope=exit" in k]
+    wall, cpu = max(v[0] for v in gated), max(v[1] for v in gated)
+    verdict = "met" if max(wall, cpu) <= 1.15 else "NOT met"
+    print(f"\nstage 2, CE+ACL(-CL) with ACL-Grad (scope=exit): worst ratio {wall:.2f}x wall, {cpu:.2f}x CPU "
+          f"(target <= 1.15x): {verdict}")
     return 0
 
 

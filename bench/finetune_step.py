@@ -80,8 +80,8 @@ def run_interleaved(cases: list[Case], batch: dict[str, torch.Tensor], rounds: i
                 case.cpu.append(time.process_time() - start_cpu)
 
 
-def report(cases: list[Case], baseline: str, title: str) -> dict[str, float]:
-    """Median wall and CPU time per step and their ratios to `baseline`; returns the wall ratios."""
+def report(cases: list[Case], baseline: str, title: str) -> dict[str, tuple[float, float]]:
+    """Median wall and CPU time per step and their ratios to `baseline`; returns (wall, cpu) ratios per case."""
     base = next(c for c in cases if c.name == baseline)
     base_wall, base_cpu = statistics.median(base.times), statistics.median(base.cpu)
     print(f"\n{title}")
@@ -89,7 +89,7 @@ def report(cases: list[Case], baseline: str, title: str) -> dict[str, float]:
     ratios = {}
     for case in cases:
         wall, cpu = statistics.median(case.times), statistics.median(case.cpu)
-        ratios[case.name] = wall / base_wall
+        ratios[case.name] = (wall / base_wall, cpu / base_cpu)
         print(f"{case.name:<36} {1000 * wall:9.1f} {wall / base_wall:6.2f}x {1000 * cpu:9.1f} {cpu / base_cpu:6.2f}x")
     return ratios
 

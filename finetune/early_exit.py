@@ -180,20 +180,29 @@ class LearnedExitHead(nn.Module):
     def __init__(self, in_features: int) -> None:
         super().__init__()
         self.linear = nn.Linear(in_features, 1)
+        self.suggested_thresholds: list[float] = []  # quantiles of its predictions on the rows it was fitted on
 
     def forward(self, representation: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(self.linear(representation.float())).squeeze(-1)
 
     def save(self, path: str | Path, metadata: dict[str, str] | None = None) -> None:
-        meta = {"in_features": str(self.linear.in_features), **(metadata or {})}
+        meta = {
+            "in_features": str(self.linear.in_features),
+            "suggested_thresholds": json.dumps(self.suggested_thresholds),
+            **(metadata or {}),
+        }
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(path), metadata=meta)
 
     @classmethod
     def load(cls, path: str | Path) -> LearnedExitHead:
+        from safetensors import safe_open
+
         state = load_file(str(path))
         head = cls(state["linear.weight"].shape[1])
         head.load_state_dict(state)
+        with safe_open(str(path), framework="pt") as fh:
+            head.suggested_thresholds = json.loads((fh.metadata() or {}).get("suggested_thresholds", "[]"))
         return head.eval()
 
 
@@ -262,7 +271,7 @@ def default_sweep(strategy: str, num_labels: int, num_exits: int) -> list[float]
         return [float(k) for k in range(num_exits)]
     if strategy == "pcee":
         return [0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.8]
-    if strategy == "lte":
+    if strategy == "lte":  # a fixed grid; `sweep` prefers the head's own quantiles (its outputs cluster tightly)
         return [0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.45]
     raise ValueError(f"unknown strategy {strategy!r}")
 
@@ -558,8 +567,13 @@ def train_lte_head(
             optimiser.step()
     head.eval()
     with torch.no_grad():
-        final = float(F.mse_loss(head(features), targets))
+        predicted = head(features)
+        final = float(F.mse_loss(predicted, targets))
         per_exit = targets.view(reps.shape[0], -1).mean(0).tolist()
+        asked = predicted.view(reps.shape[0], -1)[:, :-1].flatten()  # the last exit never asks the head
+        if asked.numel():
+            levels = torch.tensor([0.05, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9])
+            head.suggested_thresholds = [round(float(q), 4) for q in torch.quantile(asked, levels)]
     stats = {"samples": float(reps.shape[0]), "initial_mse": initial, "final_mse": final}
     stats.update({f"error_rate_exit{layer}": e for layer, e in zip(model.exit_layers, per_exit)})
     return head, stats
@@ -810,9 +824,10 @@ def sweep(
     strategies: dict[str, dict] = {}
     lte_dim = config.lte_head.linear.in_features if config.lte_head is not None else 0
     for name in config.strategies:
-        thresholds = config.thresholds.get(name) or default_sweep(
-            name, model.config.num_labels, len(model.exit_layers)
-        )
+        thresholds = config.thresholds.get(name)
+        if not thresholds and name == "lte" and config.lte_head is not None:
+            thresholds = config.lte_head.suggested_thresholds
+        thresholds = thresholds or default_sweep(name, model.config.num_labels, len(model.exit_layers))
         points = []
         for tau in thresholds:
             rule = make_rule(
@@ -883,7 +898,8 @@ def summary_table(results: dict) -> str:
 
 def merge_results(previous: dict, current: dict) -> dict:
     """Keep strategies of an earlier run of the same model/task/split/batch size that this run did not redo, so one
-    plot can show every strategy even when each was swept separately."""
+    plot can show every strategy even when each was swept separately. (Kept points keep the wall speed-ups measured
+    against their own run's reference; FLOPs speed-ups are exact either way.)"""
     keys = ("model", "task", "split", "batch_size", "num_samples")
     if previous.get("format") != RESULT_FORMAT or any(previous.get(k) != current.get(k) for k in keys):
         return current
@@ -902,7 +918,8 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
         help="sweep early-exit rules on a fine-tuned multi-exit model: score, FLOPs, speed-ups, Pareto plot",
         description="Run dynamic early exit over a GLUE/ELUE split for one or more strategies and thresholds; write "
         "JSON (+ per-sample TSVs) and a Pareto PNG. Speed-ups are against the full model's own forward on the same "
-        "batches.",
+        "batches. Wall times here are single passes (--repeats to repeat); on a shared machine use "
+        "bench/early_exit.py, which pairs reference and early exit batch by batch, for the wall/FLOPs ratio.",
     )
     p.add_argument("--model", required=True, help="fine-tuned multi-exit model directory")
     p.add_argument("--task", required=True, help="task name, e.g. SST-2, MRPC, STS-B, elue/SNLI")

@@ -65,9 +65,7 @@ def _model(num_labels, split, exit_type="linear", seed=0):
         exit_type=exit_type,
     )
     model.eval()
-    if exit_type == "linear":
-        spread_heads(model, split, seed=seed)
-    return model
+    return spread_heads(model, split, seed=seed)
 
 
 @pytest.fixture(scope="session")

@@ -67,19 +67,25 @@ def _rule_for(strategy, model, split, regression=False):
 
 
 CASES = [
-    ("entropy", False),
-    ("maxprob", False),
-    ("patience", False),
-    ("pcee", False),
-    ("lte", False),
-    ("patience", True),
-    ("lte", True),
+    ("entropy", "linear"),
+    ("maxprob", "linear"),
+    ("patience", "linear"),
+    ("pcee", "linear"),
+    ("lte", "linear"),
+    ("patience", "regression"),
+    ("lte", "regression"),
+    ("entropy", "mha"),
 ]
 
 
-@pytest.mark.parametrize("strategy,regression", CASES, ids=[f"{s}{'-reg' if r else ''}" for s, r in CASES])
-def test_batched_equals_one_by_one(strategy, regression, classifier, regressor, sst2_dev, stsb_dev):
-    model, split = (regressor, stsb_dev) if regression else (classifier, sst2_dev)
+@pytest.mark.parametrize("strategy,kind", CASES, ids=[f"{s}-{k}" for s, k in CASES])
+def test_batched_equals_one_by_one(strategy, kind, classifier, regressor, mha_classifier, sst2_dev, stsb_dev):
+    regression = kind == "regression"
+    model, split = {
+        "linear": (classifier, sst2_dev),
+        "regression": (regressor, stsb_dev),
+        "mha": (mha_classifier, sst2_dev),
+    }[kind]
     rule = _rule_for(strategy, model, split, regression)
     batched, _ = run_dataset(model, split.batches(16), rule)
     single, _ = run_dataset(model, split.batches(1), rule)

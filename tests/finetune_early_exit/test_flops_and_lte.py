@@ -88,6 +88,10 @@ def test_lte_head_training_and_round_trip(classifier, sst2_dev, tmp_path):
     loaded = LearnedExitHead.load(path)
     x = torch.randn(5, classifier.config.hidden_size)
     torch.testing.assert_close(loaded(x), head(x))
+    # the default LTE sweep: quantiles of the head's predictions where it is consulted (increasing, in (0, 1))
+    assert len(loaded.suggested_thresholds) == 7 and loaded.suggested_thresholds == head.suggested_thresholds
+    assert loaded.suggested_thresholds == sorted(loaded.suggested_thresholds)
+    assert 0 < loaded.suggested_thresholds[0] and loaded.suggested_thresholds[-1] < 1
 
 
 def test_exit_errors():
