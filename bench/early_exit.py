@@ -104,8 +104,11 @@ def main() -> int:
         if batch_size == 1 and args.limit_batch1 and args.limit_batch1 < len(split):
             picked = torch.from_numpy(np.sort(np.random.default_rng(0).choice(len(split), args.limit_batch1, False)))
             subset = EncodedSplit(
-                split.input_ids[picked], split.attention_mask[picked], split.token_type_ids[picked],
-                split.labels[picked] if split.labels is not None else None, split.index[picked],
+                split.input_ids[picked],
+                split.attention_mask[picked],
+                split.token_type_ids[picked],
+                split.labels[picked] if split.labels is not None else None,
+                split.index[picked],
             )
         batches = subset.batches(batch_size)
         sub_full_flops = static_flops(model.config, subset.lengths, model.exit_layers[-1]).mean()
@@ -137,8 +140,18 @@ def main() -> int:
             wall_speedup = ref_wall / point_wall[i]
             cpu_speedup = ref_cpu / point_cpu[i]
             rows.append(
-                (batch_size, tau, score, float(result.exit_layers.float().mean()), flops_speedup, wall_speedup,
-                 wall_speedup / flops_speedup, cpu_speedup / flops_speedup, ref_wall, point_wall[i])
+                (
+                    batch_size,
+                    tau,
+                    score,
+                    float(result.exit_layers.float().mean()),
+                    flops_speedup,
+                    wall_speedup,
+                    wall_speedup / flops_speedup,
+                    cpu_speedup / flops_speedup,
+                    ref_wall,
+                    point_wall[i],
+                )
             )
     print(f"full model mean FLOPs/sample {full_flops / 1e6:.1f} M")
     header = (

@@ -334,7 +334,7 @@ def run_batch(
     their longest real length. `exit_layers` restricts which exits run (default: all the model has)."""
     if model.training:
         raise ValueError("run_batch needs model.eval() (dropout would make exits random)")
-    exits = tuple(exit_layers) if exit_layers is not None else model.exit_layers
+    exits = tuple(sorted(set(exit_layers))) if exit_layers is not None else model.exit_layers
     unknown = sorted(set(exits) - set(model.exit_layers))
     if unknown:
         raise ValueError(f"layers {unknown} have no exit; this model's exits are {list(model.exit_layers)}")
@@ -849,9 +849,7 @@ def sweep(
         strategies[name] = {"params": {"patience": config.patience, "delta": config.delta}, "points": points}
     # The reference time is the fastest of: runs before the sweep, one after it, and static truncation at the last
     # exit (the same computation). On a shared machine this keeps load drift from inflating the speed-ups.
-    reference.wall_time_s = min(
-        reference.wall_time_s, static[-1]["wall_time_s"], run_full_model(model, batches)[1]
-    )
+    reference.wall_time_s = min(reference.wall_time_s, static[-1]["wall_time_s"], run_full_model(model, batches)[1])
     for point in static + [p for entry in strategies.values() for p in entry["points"]]:
         add_speedups(point, reference)
     return {
@@ -951,8 +949,14 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     return p
 
 
-def _lte_head_for(args: argparse.Namespace, model: ElasticBertForSequenceClassification, task: TaskSpec, out: Path,
-                  tokenizer: object, log: Callable[[str], None]) -> tuple[LearnedExitHead, Path]:
+def _lte_head_for(
+    args: argparse.Namespace,
+    model: ElasticBertForSequenceClassification,
+    task: TaskSpec,
+    out: Path,
+    tokenizer: object,
+    log: Callable[[str], None],
+) -> tuple[LearnedExitHead, Path]:
     path = Path(args.lte_head) if args.lte_head else out / f"lte_head_{task.name.replace('/', '_')}.safetensors"
     if path.is_file() and not args.train_lte:
         log(f"LTE head: loaded {path}")
@@ -962,8 +966,10 @@ def _lte_head_for(args: argparse.Namespace, model: ElasticBertForSequenceClassif
     start = time.perf_counter()
     head, stats = train_lte_head(model, train, epochs=args.lte_epochs)
     head.save(path, {"task": task.name, "model": str(args.model), "split": args.lte_split})
-    log(f"LTE head: trained on {len(train)} {args.lte_split} rows in {time.perf_counter() - start:.1f}s "
-        f"(MSE {stats['initial_mse']:.4f} -> {stats['final_mse']:.4f}), saved {path}")
+    log(
+        f"LTE head: trained on {len(train)} {args.lte_split} rows in {time.perf_counter() - start:.1f}s "
+        f"(MSE {stats['initial_mse']:.4f} -> {stats['final_mse']:.4f}), saved {path}"
+    )
     return head, path
 
 

@@ -120,9 +120,7 @@ def task_score(baseline: Points, points: Points, out_of_range: str = "clamp") ->
     }
 
 
-def elue_score(
-    baseline: Mapping[str, Points], system: Mapping[str, Points], out_of_range: str = "clamp"
-) -> dict:
+def elue_score(baseline: Mapping[str, Points], system: Mapping[str, Points], out_of_range: str = "clamp") -> dict:
     """Per-task ELUE scores and their mean over the tasks the system has points for."""
     base = {task_key(k): v for k, v in baseline.items()}
     tasks = {}
@@ -247,9 +245,11 @@ def write_submission(
     exit_path = directory / f"{name}_exit_layer.tsv"
     trace_path = directory / f"{name}_modules.tsv"
     rows = list(zip(index, predictions, exit_layers, lengths, flops, exits_run))
-    with pred_path.open("w", encoding="utf-8") as p, exit_path.open("w", encoding="utf-8") as e, trace_path.open(
-        "w", encoding="utf-8"
-    ) as t:
+    with (
+        pred_path.open("w", encoding="utf-8") as p,
+        exit_path.open("w", encoding="utf-8") as e,
+        trace_path.open("w", encoding="utf-8") as t,
+    ):
         p.write("index\tprediction\n")
         e.write("index\texit_layer\n")
         t.write("index\texit_layer\tlength\tflops\tmodules\n")

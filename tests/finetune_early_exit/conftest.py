@@ -61,7 +61,10 @@ def spread_heads(model, split, seed=0, logit_std=2.0):
 def _model(num_labels, split, exit_type="linear", seed=0):
     torch.manual_seed(seed)
     model, _ = load_pretrained(
-        ElasticBertForSequenceClassification, minilm_dir(), num_labels=num_labels, exit_layers=EXITS,
+        ElasticBertForSequenceClassification,
+        minilm_dir(),
+        num_labels=num_labels,
+        exit_layers=EXITS,
         exit_type=exit_type,
     )
     model.eval()

@@ -68,8 +68,19 @@ def test_early_exit_then_elue_score_and_submission(saved_model, small_glue, tmp_
     sub_dir = tmp_path / "submission"
     run_json = str(stem.with_suffix(".json"))
     args = _parser().parse_args(
-        ["elue-score", "--baseline", run_json, "--points", run_json, "--out", str(report_path),
-         "--system", "patience", "--write-submission", str(sub_dir)]
+        [
+            "elue-score",
+            "--baseline",
+            run_json,
+            "--points",
+            run_json,
+            "--out",
+            str(report_path),
+            "--system",
+            "patience",
+            "--write-submission",
+            str(sub_dir),
+        ]
     )
     assert args.func(args) == 0
     report = json.loads(report_path.read_text())["patience"]
