@@ -456,10 +456,21 @@ class MHAExit(nn.Module):
     def forward(
         self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, pooler: ElasticBertPooler | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        # nn.MultiheadAttention's maths with its own parameters (state dicts stay interchangeable), but one SDPA call
+        # and the packed in-projection split into the [CLS] query and the keys/values: at batch 1 the module's
+        # generic path costs more than the exit's arithmetic, and early exit lives on that overhead.
+        attention = self.attention
+        batch, length, _ = hidden.shape
+        d, heads = attention.embed_dim, attention.num_heads
         x = torch.tanh(self.projection(hidden))
-        padding = None if attention_mask is None else attention_mask == 0
-        attended, _ = self.attention(x[:, :1], x, x, key_padding_mask=padding, need_weights=False)
-        representation = torch.tanh(attended[:, 0])
+        weight, bias = attention.in_proj_weight, attention.in_proj_bias
+        query = F.linear(x[:, :1], weight[:d], bias[:d]).view(batch, 1, heads, d // heads).transpose(1, 2)
+        key_value = F.linear(x, weight[d:], bias[d:]).view(batch, length, 2, heads, d // heads)
+        key, value = key_value.permute(2, 0, 3, 1, 4).unbind(0)
+        mask = None if attention_mask is None else attention_mask[:, None, None, :].bool()
+        dropout = attention.dropout if self.training else 0.0
+        context = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout)
+        representation = torch.tanh(attention.out_proj(context.reshape(batch, d)))
         return representation, self.classifier(self.dropout(representation))
 
 
