@@ -45,8 +45,8 @@ class Scale:
 
 SCALES = {
     "tiny": Scale(books=2, pretrain_steps=6, preempt_at=3, seq_len=64, train_examples=320, dev_examples=128, epochs=2),
-    "small": Scale(books=6, pretrain_steps=40, preempt_at=20, seq_len=128, train_examples=1200, dev_examples=277,
-                   epochs=2),
+    "small": Scale(books=6, pretrain_steps=40, preempt_at=20, seq_len=128, train_examples=1600, dev_examples=277,
+                   epochs=1),
     "medium": Scale(books=20, pretrain_steps=150, preempt_at=60, seq_len=128, train_examples=4000, dev_examples=872,
                     epochs=3),
 }
@@ -235,7 +235,8 @@ def main(argv: list[str] | None = None) -> None:
          "--output", str(ft), "--exits", "all", "--exit-type", "mha", "--method", "2st", "--objective", "acl-cl",
          "--acl-grad", "on", "--max-train-examples", str(scale.train_examples),
          "--max-dev-examples", str(scale.dev_examples), "--max-length", "64", "--epochs", str(scale.epochs),
-         "--lr", "1e-4", "--batch-size", "16", "--no-progress", "--seed", "1"], log=logs / "finetune.log")
+         "--lr", "1e-4", "--exit-lr", "2e-3", "--batch-size", "16", "--no-progress", "--seed", "1"],
+        log=logs / "finetune.log")
     summary["finetune"] = json.loads((ft / "dev_scores.json").read_text())
 
     # 5. early exit + ELUE
