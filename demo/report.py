@@ -93,7 +93,8 @@ def write_report(out: Path, records: list[dict], summary: dict, seconds: float) 
         f"Scale `{summary['scale']}`, {seconds / 60:.1f} minutes on this machine.",
         "",
         "## 1. Data",
-        f"{summary['data']['source']}: {json.dumps(summary['data']['totals'])}",
+        f"{summary['data']['source']}: " + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in
+                                                     (summary['data']['totals'] or {}).items()),
         "",
         "## 2. Pre-training (DeepSpeed, 2 processes, grouped exits, gradient equilibrium)",
         f"{summary['pretrain']['steps']} optimizer steps; preempted by SIGUSR1 after step "
