@@ -77,6 +77,9 @@ class ExitsConfig:
     num_groups: int = 2
     groups: list[list[int]] | None = None
     gradient_equilibrium: bool = True
+    # The BERT-style baseline of the ElasticBERT paper: MLM + SOP at the top layer only (the other exits' heads exist,
+    # so the export has ElasticBERT's layout, but never train).
+    last_layer_only: bool = False
 
 
 @dataclass
@@ -144,6 +147,8 @@ class RunConfig:
 
     def exit_groups(self) -> list[tuple[int, ...]]:
         """The exit groups, trained in turn: optimizer step t trains group t mod G."""
+        if self.exits.last_layer_only:
+            return [(self.model.num_hidden_layers,)]
         if self.exits.groups is not None:
             return [tuple(sorted(set(g))) for g in self.exits.groups]
         return derive_exit_groups(self.model.num_hidden_layers, self.exits.num_groups)
@@ -358,7 +363,11 @@ def validate(cfg: RunConfig, world_size: int | None = None) -> None:
         p.append("data.num_workers must be >= 0")
 
     layers = m.num_hidden_layers
-    if x.groups is not None:
+    if x.last_layer_only and x.groups is not None:
+        p.append("exits.last_layer_only=true and exits.groups are exclusive: pick one")
+    elif x.last_layer_only:
+        pass  # one group, the top layer: valid for any depth
+    elif x.groups is not None:
         covered: set[int] = set()
         for gi, g in enumerate(x.groups):
             if not g:

@@ -39,6 +39,9 @@ def test_overrides_are_typed_and_reach_nested_lists():
     assert cfg.optim.lr == 1e-4 and isinstance(cfg.optim.lr, float)
     assert cfg.data.corpora[0].path == "/x" and cfg.train.zero_stage == 3
     assert cfg.exit_groups() == [(1, 2, 4), (3, 4)]
+    baseline = load_config(CONFIGS / "tiny_cpu.yaml", ["exits.last_layer_only=true"])
+    assert baseline.exit_groups() == [(4,)]
+    assert baseline.semantic_hash() != load_config(CONFIGS / "tiny_cpu.yaml").semantic_hash()
 
 
 @pytest.mark.parametrize(
@@ -49,6 +52,7 @@ def test_overrides_are_typed_and_reach_nested_lists():
         (["exits.groups=[[1,4],[2,4]]"], "exits.groups miss layers [3]"),
         (["exits.groups=[[1,2,3,4],[2,3]]"], "exits.groups[1] lacks the top layer 4"),
         (["exits.num_groups=4"], "exits.num_groups=4 must be within 1..3"),
+        (["exits.last_layer_only=true", "exits.groups=[[1,2,3,4]]"], "exclusive"),
         (["train.global_batch_size=18"], "global_batch_size=18 is not divisible by train.micro_batch_size=4"),
         (["train.micro_batch_size=many"], "train.micro_batch_size: expected an integer"),
         (["model.hidden_size=65"], "not a multiple of num_attention_heads"),
