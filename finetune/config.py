@@ -64,6 +64,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     max_train_examples: int | None = None
     max_dev_examples: int | None = None
+    # The dev subset does not follow `seed`: every seed and arm is scored on the same rows, the ones
+    # `finetune early-exit --limit` picks too.
+    dev_subset_seed: int = 0
     eval_every: int | None = None  # steps; None: at the end of every epoch
     deepspeed: str | None = None
     progress: bool = True

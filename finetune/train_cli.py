@@ -43,6 +43,8 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--seed", type=int, default=d["seed"].default)
     g.add_argument("--max-train-examples", type=int, help="seeded subset of the training set")
     g.add_argument("--max-dev-examples", type=int, help="seeded subset of the dev set")
+    g.add_argument("--dev-subset-seed", type=int, default=0,
+                   help="seed of that subset (default 0: the same rows for every --seed, and for early-exit --limit)")
     g.add_argument("--max-length", type=int, default=d["max_length"].default)
 
     g = p.add_argument_group("exits and method")

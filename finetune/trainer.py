@@ -429,7 +429,7 @@ def run_training(cfg: TrainConfig) -> dict:
     model, report = build_model(cfg, task)  # first: checkpoint problems surface before data is read
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
     train = subsample(load_split(task, cfg.data_dir, "train"), cfg.max_train_examples, cfg.seed)
-    dev = subsample(load_split(task, cfg.data_dir, "dev"), cfg.max_dev_examples, cfg.seed)
+    dev = subsample(load_split(task, cfg.data_dir, "dev"), cfg.max_dev_examples, cfg.dev_subset_seed)
     set_seed(cfg.seed)
     trainer = Trainer(cfg, task, model, tokenizer, train, dev)
     summary = trainer.fit()

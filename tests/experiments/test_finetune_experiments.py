@@ -1,0 +1,83 @@
+"""The fine-tuning experiments (ACL ladder + gradient conflict, early-exit Pareto) end to end at smoke size on real
+GLUE rows: every rung/task/seed/exit has a finite score, conflict fractions are fractions, every strategy has Pareto
+points, and the PNGs and section drafts are written. ~2 CPU-minutes; the report scale is not run in CI."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+GLUE = REPO.parent / "shared" / "data" / "glue"
+
+RUNGS = ["2ST-linear", "2ST-MHA", "CE+SCL", "ACL-Embed", "+ACL-Grad", "+ACL-CL"]
+
+pytestmark = pytest.mark.skipif(not GLUE.is_dir(), reason=f"GLUE data not found at {GLUE} (../shared/data absent)")
+
+
+def run_script(name, *args):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(REPO / "experiments" / name), "--scale", "smoke", *map(str, args)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def ladder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ladder")
+    run_script("acl_ladder.py", "--work-dir", root / "work", "--out", root / "out")
+    return root
+
+
+def test_acl_ladder_smoke(ladder):
+    out = ladder / "out"
+    results = json.loads((out / "results.json").read_text())
+    assert [r["name"] for r in results["rungs"]] == RUNGS
+    expected = {(t, r, s) for t in results["tasks"] for r in RUNGS for s in results["seeds"]}
+    assert {(r["task"], r["rung"], r["seed"]) for r in results["runs"]} == expected
+    for run in results["runs"]:
+        assert run["status"] == "ok", run
+        assert set(run["per_exit"]) == {str(i) for i in range(1, 7)}
+        assert all(math.isfinite(v) and 0 <= v <= 100 for v in run["per_exit"].values())
+        assert math.isfinite(run["cross_layer_avg"]) and run["wall_s"] > 0
+    for task in results["tasks"]:
+        table = results["summary"]["table"][task]
+        assert set(table) == set(RUNGS)
+        assert all(math.isfinite(m) and math.isfinite(s) for e in table.values() for m, s in e["per_exit"].values())
+        conflict = results["summary"]["conflict"][task]
+        assert {"CE+SCL", "ACL-Embed"} <= set(conflict)
+        for entry in conflict.values():
+            for phase in entry.values():
+                assert all(f is not None and 0.0 <= f <= 1.0 for f in phase["fraction_over_90"])
+        assert results["summary"]["verdicts"][task]["verdict"].split(":")[0] in (
+            "reproduced", "not reproduced", "inconclusive")
+    for png in ("per_exit_curves.png", "conflict_angles.png"):
+        assert (out / png).stat().st_size > 1000
+    assert "| +ACL-CL |" in (out / "section.md").read_text()
+
+    # resumable: a second invocation trains nothing (every dev_scores.json exists) and gives the same table
+    logs = {p: p.stat().st_size for p in (ladder / "work" / "logs").glob("*.log")}
+    run_script("acl_ladder.py", "--work-dir", ladder / "work", "--out", ladder / "again")
+    assert {p: p.stat().st_size for p in (ladder / "work" / "logs").glob("*.log")} == logs
+    rerun = json.loads((ladder / "again" / "results.json").read_text())
+    assert rerun["summary"]["table"] == results["summary"]["table"]
+
+
+def test_early_exit_pareto_smoke(ladder, tmp_path):
+    run_script("early_exit_pareto.py", "--ladder-results", ladder / "out" / "results.json",
+               "--work-dir", tmp_path / "work", "--out", tmp_path / "out")
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    for task, curve in results["curves"].items():
+        assert len(curve["static"]) == 6
+        for strategy in ("entropy", "patience", "pcee", "lte"):
+            points = curve["strategies"][strategy]["points"]
+            assert points and all(math.isfinite(p["mean_flops"]) and p["score"] is not None for p in points)
+            assert results["pareto_fronts"][task][strategy]
+            assert math.isfinite(results["elue"][strategy]["tasks"][task]["score"])
+    assert (tmp_path / "out" / "pareto.png").stat().st_size > 1000
+    assert "ELUE score" in (tmp_path / "out" / "section.md").read_text()
