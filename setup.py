@@ -9,7 +9,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["elasticbert*", "data_prep*", "pretrain*", "finetune*", "demo*"]),
+    packages=find_packages(include=["common*", "elasticbert*", "data_prep*", "pretrain*", "finetune*", "demo*"]),
     package_data={"": ["*.json", "*.yaml"]},
     install_requires=[
         # torch is installed first and on its own (CPU wheel here, the CUDA build on GPU clusters).

@@ -24,13 +24,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from finetune.data import load_tokenizer, subsample  # noqa: E402
+from finetune.data import EncodedSplit, default_data_dir, in_dataset_order, load_tokenizer, subsample  # noqa: E402
 from finetune.early_exit import (  # noqa: E402
-    DEFAULT_DATA_DIR,
-    EarlyExitResult,
-    EncodedSplit,
     default_sweep,
-    load_model,
     make_rule,
     per_sample_flops,
     run_batch,
@@ -38,6 +34,7 @@ from finetune.early_exit import (  # noqa: E402
     run_full_model,
     static_flops,
 )
+from finetune.model import load_finetuned  # noqa: E402
 from finetune.tasks import get_task, load_split  # noqa: E402
 
 
@@ -66,14 +63,14 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="fine-tuned multi-exit model (e.g. OUTPUT/best of finetune train)")
     p.add_argument("--task", default="SST-2")
-    p.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+    p.add_argument("--data-dir", default=default_data_dir(), help="GLUE root (default: $GLUE_DIR, else the hub)")
     p.add_argument("--split", default="dev")
     p.add_argument("--strategy", default="entropy")
     p.add_argument("--thresholds", default=None, help="three thresholds (default: picked by --targets)")
     p.add_argument("--targets", default="1.5,2,3", help="FLOPs speed-ups the picked operating points aim at")
     p.add_argument("--batch-sizes", default="1,32")
-    p.add_argument("--limit", type=int, default=None, help="seeded subset of the dev set")
-    p.add_argument("--limit-batch1", type=int, default=400, help="subset used at batch 1 (it is the slow one)")
+    p.add_argument("--max-examples", type=int, default=None, help="seeded subset of the dev set")
+    p.add_argument("--max-examples-batch1", type=int, default=400, help="subset used at batch 1 (it is the slow one)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds; the minimum is kept")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: robust on a shared machine)")
     p.add_argument("--max-length", type=int, default=128)
@@ -81,9 +78,9 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     task = get_task(args.task)
-    model = load_model(args.model)
+    model = load_finetuned(args.model)
     tokenizer = load_tokenizer(args.model)
-    examples = subsample(load_split(task, args.data_dir, args.split), args.limit)
+    examples = subsample(load_split(task, args.data_dir, args.split), args.max_examples)
     split = EncodedSplit.from_examples(tokenizer, examples, args.max_length)
     labels = split.labels.numpy() if split.labels is not None else None
     print(
@@ -101,15 +98,10 @@ def main() -> int:
     rows, reference_predictions = [], {}
     for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
         subset = split
-        if batch_size == 1 and args.limit_batch1 and args.limit_batch1 < len(split):
-            picked = torch.from_numpy(np.sort(np.random.default_rng(0).choice(len(split), args.limit_batch1, False)))
-            subset = EncodedSplit(
-                split.input_ids[picked],
-                split.attention_mask[picked],
-                split.token_type_ids[picked],
-                split.labels[picked] if split.labels is not None else None,
-                split.index[picked],
-            )
+        if batch_size == 1 and args.max_examples_batch1 and args.max_examples_batch1 < len(split):
+            rng = np.random.default_rng(0)
+            picked = torch.from_numpy(np.sort(rng.choice(len(split), args.max_examples_batch1, replace=False)))
+            subset = split.select(picked)
         batches = subset.batches(batch_size)
         sub_full_flops = static_flops(model.config, subset.lengths, model.exit_layers[-1]).mean()
         run_full_model(model, batches)  # warm-up pass over every batch shape
@@ -127,8 +119,7 @@ def main() -> int:
                         out, w, c = timed(run_batch, model, ids, mask, types, rule)
                         wall[i + 1, b], cpu[i + 1, b] = min(wall[i + 1, b], w), min(cpu[i + 1, b], c)
                         parts[i][b] = out
-        order = torch.argsort(torch.cat([rows for rows, *_ in batches]))
-        results = [EarlyExitResult.concat(p).reorder(order) for p in parts]
+        results = [in_dataset_order(p, batches) for p in parts]
         ref_wall, ref_cpu = wall[0].sum(), cpu[0].sum()
         point_wall, point_cpu = wall[1:].sum(1), cpu[1:].sum(1)
         for i, (tau, result) in enumerate(zip(thresholds, results)):

@@ -17,14 +17,16 @@ Python API (what the demo, pretrain and the Slurm tests use):
 
 Other entry points: `train_tokenizer(texts, out/"tokenizer", kind=...)`, `adopt_vocab(vocab_txt, out/"tokenizer")`,
 `iter_corpus_texts(inputs)`, `corpus_stats(out)`, `PrepConfig` (all settings that change the output).
-Errors a user can fix raise `data_prep.errors.DataPrepError` (a ValueError) naming the file (and line).
-File formats: `data_prep.shard_format`; output layout and resume rules: `data_prep.pipeline`.
+Errors a user can fix raise `data_prep.errors.DataPrepError` (a `common.errors.UserError`) naming the file (and line).
+File formats: `data_prep.shard_format`; output layout and resume rules: `data_prep.pipeline`; the plan and the unit
+store: `data_prep.plan`; tokenizing units (the worker pool): `data_prep.workers`.
 """
 
 from __future__ import annotations
 
 from .errors import DataPrepError
-from .pipeline import PrepConfig, finalize_dir, iter_corpus_texts, tokenize_corpus
+from .pipeline import finalize_dir, iter_corpus_texts, tokenize_corpus
+from .plan import PrepConfig
 from .reader import PreparedCorpus
 from .stats import corpus_stats
 from .tokenizer import adopt_vocab, minilm_vocab, train_tokenizer

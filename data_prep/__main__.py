@@ -1,5 +1,9 @@
 """CLI: `python -m data_prep {train-tokenizer,tokenize,finalize,verify,stats} ...` (also `elasticbert-data`).
 
+The conventions of `common.cli`: `--output PATH` where a command writes (train-tokenizer, tokenize, stats); the
+prepared directory is positional for the commands that act on one (finalize, verify, stats); booleans are
+`--x/--no-x`; defaults and choices come from `PrepConfig` and `TokenizerTraining`.
+
 Exit codes: 0 success; 1 `verify` found problems (all listed); 2 a user error (one line on stderr, no traceback);
 130 interrupted.
 """
@@ -12,12 +16,22 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from .errors import DataPrepError
+from common.cli import add_output, config_argument, run_command
+from common.errors import UserError
 
+from .errors import DataPrepError
+from .pipeline import finalize_dir, iter_corpus_texts, tokenize_corpus
+from .plan import PrepConfig
+from .stats import corpus_stats
+from .tokenizer import TokenizerTraining, adopt_vocab, train_tokenizer
+from .verify import summary, verify_dir
+
+PROG = "data_prep"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.I)
 
 
@@ -40,26 +54,67 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+# ------------------------------------------------------------------------------------------------ parser
+
+
 def _input_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("input reading")
-    g.add_argument("--doc-boundary", choices=("auto", "blank", "line", "file"), default="auto",
-                   help="plain text: a document ends at a blank line, at every line, or is the whole file (cut "
-                        "every --max-doc-bytes at a paragraph break; e.g. books). auto: blank if the file has "
-                        "blank lines, else line")
-    g.add_argument("--no-strip-gutenberg", dest="strip_gutenberg", action="store_false",
-                   help="keep Project Gutenberg headers/license footers")
-    g.add_argument("--on-decode-error", choices=("replace", "fail"), default="replace",
-                   help="invalid UTF-8: replace with U+FFFD and count (default) or stop with an error")
-    g.add_argument("--text-field", default="text", help="JSONL field / dataset column holding the text")
-    g.add_argument("--hf-split", default="train", help="split of a Hugging Face DatasetDict / hub dataset")
-    g.add_argument("--max-doc-bytes", type=parse_size, default=8 << 20,
-                   help="cut documents longer than this (bounded memory; default 8M)")
-    g.add_argument("--allow-empty", action="store_true", help="skip empty input files instead of failing")
+    config_argument(g, PrepConfig, "doc_boundary",
+                    help="plain text: a document ends at a blank line, at every line, or is the whole file (cut "
+                         "every --max-doc-bytes at a paragraph break; e.g. books). auto: blank if the file has "
+                         "blank lines, else line")
+    config_argument(g, PrepConfig, "strip_gutenberg",
+                    help="remove Project Gutenberg headers/license footers (--no-strip-gutenberg keeps them)")
+    config_argument(g, PrepConfig, "on_decode_error",
+                    help="invalid UTF-8: replace with U+FFFD and count, or stop with an error naming file and line")
+    config_argument(g, PrepConfig, "text_field", help="JSONL field / dataset column holding the text")
+    config_argument(g, PrepConfig, "hf_split", help="split of a Hugging Face DatasetDict / hub dataset")
+    config_argument(g, PrepConfig, "max_doc_bytes", type=parse_size, metavar="SIZE",
+                    help="cut documents longer than this many bytes (bounded memory)")
+    g.add_argument("--allow-empty", action=argparse.BooleanOptionalAction, default=False,
+                   help="skip empty input files instead of failing (default: fail)")
 
 
-def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: getattr(args, k) for k in ("doc_boundary", "strip_gutenberg", "on_decode_error", "text_field",
-                                          "hf_split", "max_doc_bytes")}
+def _add_train_tokenizer(sub: Any) -> None:
+    p = sub.add_parser("train-tokenizer", help="train a tokenizer on a corpus, or adopt a vocab.txt (--vocab)")
+    p.add_argument("inputs", nargs="*", help="files, folders, globs, dataset dirs, hf:NAME[:CONFIG]")
+    add_output(p, help="prepared-data directory; the tokenizer is saved to OUTPUT/tokenizer")
+    p.add_argument("--vocab", help="adopt this vocab.txt (or a folder holding one) instead of training")
+    config_argument(p, TokenizerTraining, "kind", help="wordpiece (tokenizers) or sentencepiece unigram/bpe")
+    config_argument(p, TokenizerTraining, "vocab_size", help="vocabulary size to train")
+    p.add_argument("--cased", action=argparse.BooleanOptionalAction, default=False,
+                   help="keep case (--no-cased: lower-case)")
+    p.add_argument("--max-bytes", type=parse_size, default=1 << 30, metavar="SIZE",
+                   help="train on at most this much text, in input order (default 1G)")
+    p.add_argument("--threads", type=int, default=default_workers())
+    _input_options(p)
+
+
+def _add_tokenize(sub: Any) -> None:
+    p = sub.add_parser("tokenize", help="tokenize a corpus into train/valid shards")
+    p.add_argument("inputs", nargs="+", help="files, folders, globs (.txt/.jsonl, .gz/.zst), dataset dirs, "
+                                             "hf:NAME[:CONFIG]")
+    add_output(p, help="the prepared-corpus directory")
+    p.add_argument("--tokenizer", help="vocab.txt, folder with vocab.txt, spm .model or data_prep tokenizer dir "
+                                       "(default: OUTPUT/tokenizer from train-tokenizer)")
+    p.add_argument("--workers", type=int, default=default_workers(), help="worker processes (default: CPUs)")
+    p.add_argument("--threads-per-worker", type=int, default=1, help="tokenizer threads per worker (default 1)")
+    p.add_argument("--num-tasks", type=int, default=None, help="Slurm array size J (default SLURM_ARRAY_TASK_COUNT)")
+    p.add_argument("--task-index", type=int, default=None, help="this task j (default from SLURM_ARRAY_TASK_ID)")
+    config_argument(p, PrepConfig, "shard_tokens", type=parse_size, metavar="SIZE",
+                    help="shard size target in tokens")
+    config_argument(p, PrepConfig, "unit_bytes", "--unit-size", type=parse_size, metavar="SIZE",
+                    help="work-unit size in bytes of text; 0 = shard-tokens x 4")
+    config_argument(p, PrepConfig, "valid_fraction", help="held-out fraction of documents")
+    config_argument(p, PrepConfig, "split_seed", help="seed of the document -> split hash")
+    config_argument(p, PrepConfig, "max_sentence_tokens", help="cut longer sentences (0 = never)")
+    p.add_argument("--finalize", action=argparse.BooleanOptionalAction, default=None,
+                   help="write the shards and manifest when this task is done (default: when it is the only task)")
+    p.add_argument("--rehash", action=argparse.BooleanOptionalAction, default=True,
+                   help="on resume, re-hash finished units (default; --no-rehash trusts their sizes)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                   help="show a progress bar (default)")
+    _input_options(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,68 +123,40 @@ def build_parser() -> argparse.ArgumentParser:
         description="Corpus -> tokenizer -> sharded memory-mapped token files (.bin/.idx) -> manifest.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = sub.add_parser("train-tokenizer", help="train a tokenizer on a corpus, or adopt a vocab.txt (--vocab)")
-    p.add_argument("inputs", nargs="*", help="files, folders, globs, dataset dirs, hf:NAME[:CONFIG]")
-    p.add_argument("--out", required=True, help="prepared-data directory; the tokenizer is saved to OUT/tokenizer")
-    p.add_argument("--vocab", help="adopt this vocab.txt (or a folder holding one) instead of training")
-    p.add_argument("--kind", choices=("wordpiece", "unigram", "bpe"), default="wordpiece",
-                   help="wordpiece (tokenizers) or sentencepiece unigram/bpe")
-    p.add_argument("--vocab-size", type=int, default=30522)
-    p.add_argument("--cased", action="store_true", help="keep case (default: lower-case)")
-    p.add_argument("--max-bytes", type=parse_size, default=1 << 30,
-                   help="train on at most this much text, in input order (default 1G)")
-    p.add_argument("--threads", type=int, default=default_workers())
-    _input_options(p)
-
-    p = sub.add_parser("tokenize", help="tokenize a corpus into train/valid shards")
-    p.add_argument("inputs", nargs="+", help="files, folders, globs (.txt/.jsonl, .gz/.zst), dataset dirs, "
-                                             "hf:NAME[:CONFIG]")
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--tokenizer", help="vocab.txt, folder with vocab.txt, spm .model or data_prep tokenizer dir "
-                                       "(default: OUT/tokenizer from train-tokenizer)")
-    p.add_argument("--workers", type=int, default=default_workers(), help="worker processes (default: CPUs)")
-    p.add_argument("--threads-per-worker", type=int, default=1, help="tokenizer threads per worker (default 1)")
-    p.add_argument("--num-tasks", type=int, default=None, help="Slurm array size J (default SLURM_ARRAY_TASK_COUNT)")
-    p.add_argument("--task-index", type=int, default=None, help="this task j (default from SLURM_ARRAY_TASK_ID)")
-    p.add_argument("--shard-tokens", type=parse_size, default=1 << 24, help="shard size target in tokens (16M)")
-    p.add_argument("--unit-size", type=parse_size, default=0,
-                   help="work-unit size in bytes of text (default: shard-tokens x 4)")
-    p.add_argument("--valid-fraction", type=float, default=0.01, help="held-out fraction of documents (0.01)")
-    p.add_argument("--split-seed", type=int, default=0, help="seed of the document -> split hash")
-    p.add_argument("--max-sentence-tokens", type=int, default=0, help="cut longer sentences (0 = never)")
-    p.add_argument("--no-finalize", action="store_true", help="do not write the manifest after a single task")
-    p.add_argument("--no-rehash", dest="rehash", action="store_false",
-                   help="on resume, trust finished units' sizes instead of re-hashing them")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    _input_options(p)
+    _add_train_tokenizer(sub)
+    _add_tokenize(sub)
 
     p = sub.add_parser("finalize", help="merge the units of all array tasks into shards + manifest.json")
-    p.add_argument("out")
+    p.add_argument("directory", metavar="DIR", help="the prepared-corpus directory (tokenize --output)")
 
     p = sub.add_parser("verify", help="re-hash every shard and check indexes, dtype, ids and totals")
-    p.add_argument("out")
+    p.add_argument("directory", metavar="DIR", help="the prepared-corpus directory")
     p.add_argument("--workers", type=int, default=1)
 
     p = sub.add_parser("stats", help="docs, sentences, tokens, length histograms (PNG)")
-    p.add_argument("out")
-    p.add_argument("--plots", default=None, help="where to write stats.json and PNGs (default OUT/stats)")
+    p.add_argument("directory", metavar="DIR", help="the prepared-corpus directory")
+    add_output(p, help="where to write stats.json and PNGs (default: DIR/stats)", required=False, default=None)
     return parser
 
 
-def _cmd_train_tokenizer(args: argparse.Namespace) -> int:
-    from .pipeline import iter_corpus_texts
-    from .tokenizer import adopt_vocab, train_tokenizer
+def _prep_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The `PrepConfig` fields this command has flags for."""
+    return {f.name: getattr(args, f.name) for f in fields(PrepConfig) if hasattr(args, f.name)}
 
-    final = Path(args.out) / "tokenizer"
+
+# ---------------------------------------------------------------------------------------------- commands
+
+
+def _cmd_train_tokenizer(args: argparse.Namespace) -> int:
+    final = Path(args.output) / "tokenizer"
     if args.vocab:
         meta = adopt_vocab(args.vocab, final, lowercase=None)
     else:
         if not args.inputs:
             raise DataPrepError("train-tokenizer needs inputs (or --vocab VOCAB.txt to adopt a vocabulary)")
         if final.exists():
-            raise DataPrepError(f"{final}: a tokenizer already exists; use another --out or delete it first")
-        texts = iter_corpus_texts(args.inputs, max_bytes=args.max_bytes, **_settings(args))
+            raise DataPrepError(f"{final}: a tokenizer already exists; use another --output or delete it first")
+        texts = iter_corpus_texts(args.inputs, max_bytes=args.max_bytes, **_prep_settings(args))
         meta = train_tokenizer(texts, final, kind=args.kind, vocab_size=args.vocab_size, lowercase=not args.cased,
                                threads=args.threads)
     print(f"{final}: {meta['kind']} tokenizer, vocab {meta['vocab_size']}, sha256 {meta['sha256']}")
@@ -137,20 +164,17 @@ def _cmd_train_tokenizer(args: argparse.Namespace) -> int:
 
 
 def _cmd_tokenize(args: argparse.Namespace) -> int:
-    from .pipeline import tokenize_corpus
-
     res = tokenize_corpus(
-        args.inputs, args.out, tokenizer=args.tokenizer, workers=args.workers, num_tasks=args.num_tasks,
+        args.inputs, args.output, tokenizer=args.tokenizer, workers=args.workers, num_tasks=args.num_tasks,
         task_index=args.task_index, threads_per_worker=args.threads_per_worker, progress=args.progress,
-        finalize=False if args.no_finalize else None, allow_empty=args.allow_empty, rehash=args.rehash,
-        shard_tokens=args.shard_tokens, unit_bytes=args.unit_size, valid_fraction=args.valid_fraction,
-        split_seed=args.split_seed, max_sentence_tokens=args.max_sentence_tokens, **_settings(args),
+        finalize=args.finalize, allow_empty=args.allow_empty, rehash=args.rehash, **_prep_settings(args),
     )
     if "splits" in res:
-        _print_manifest(args.out, res)
+        _print_manifest(args.output, res)
     else:
         print(f"task {res['task']}/{res['num_tasks']}: {len(res['units'])} units complete "
-              f"({len(res['units_done_now'])} now); when every task is done: python -m data_prep finalize {args.out}")
+              f"({len(res['units_done_now'])} now); when every task is done: "
+              f"python -m data_prep finalize {args.output}")
     return 0
 
 
@@ -165,50 +189,51 @@ def _print_manifest(out: str, m: dict[str, Any]) -> None:
 
 
 def _cmd_finalize(args: argparse.Namespace) -> int:
-    from .pipeline import finalize_dir
-
-    _print_manifest(args.out, finalize_dir(args.out))
+    _print_manifest(args.directory, finalize_dir(args.directory))
     return 0
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from .verify import summary, verify_dir
-
-    problems = verify_dir(args.out, workers=args.workers)
+    problems = verify_dir(args.directory, workers=args.workers)
     if problems:
-        print(f"{args.out}: verification FAILED, {len(problems)} problem(s):", file=sys.stderr)
+        print(f"{args.directory}: verification FAILED, {len(problems)} problem(s):", file=sys.stderr)
         for p in problems:
             print(f"  - {p}", file=sys.stderr)
         return 1
-    print(f"{args.out}: OK ({summary(args.out)})")
+    print(f"{args.directory}: OK ({summary(args.directory)})")
     return 0
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    from .stats import corpus_stats
-
-    res = corpus_stats(args.out, args.plots)
-    print(json.dumps(res, indent=1))
+    print(json.dumps(corpus_stats(args.directory, args.output), indent=1))
     return 0
 
 
-COMMANDS = {"train-tokenizer": _cmd_train_tokenizer, "tokenize": _cmd_tokenize, "finalize": _cmd_finalize,
-            "verify": _cmd_verify, "stats": _cmd_stats}
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "train-tokenizer": _cmd_train_tokenizer, "tokenize": _cmd_tokenize, "finalize": _cmd_finalize,
+    "verify": _cmd_verify, "stats": _cmd_stats,
+}
+
+
+def _one_line_errors(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run `command`; a user error whose message spans lines is re-raised as one line (one line on stderr is the
+    CLI's contract: scripts and Slurm logs grep it)."""
+    try:
+        return command(args)
+    except UserError as err:
+        text = str(err)
+        if "\n" not in text:
+            raise
+        one_line = DataPrepError(" ".join(text.split("\n")))
+        one_line.exit_code = err.exit_code
+        raise one_line from err
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m data_prep` and the `elasticbert-data` console script."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="data_prep: %(message)s", stream=sys.stderr)
-    try:
-        return COMMANDS[args.command](args)
-    except DataPrepError as e:
-        msg = " ".join(str(e).split("\n"))
-        print(f"data_prep: error: {msg}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("data_prep: interrupted", file=sys.stderr)
-        return 130
+    return run_command(PROG, lambda: _one_line_errors(COMMANDS[args.command], args))
 
 
 if __name__ == "__main__":

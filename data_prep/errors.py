@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from common.errors import UserError
 
-class DataPrepError(ValueError):
+
+class DataPrepError(UserError):
     """A user-facing problem; the message names the file (and line/record) concerned.
 
-    The CLI prints it as one line and exits with code 2, without a traceback.
+    A `common.errors.UserError` (so a ValueError): the CLI prints it as one line and exits with code 2, without a
+    traceback.
     """

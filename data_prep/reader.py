@@ -16,9 +16,7 @@ from typing import Any
 import numpy as np
 
 from .errors import DataPrepError
-from .shard_format import DTYPES, open_bin, open_idx_arrays, read_idx_header
-
-FORMAT = "elasticbert-data_prep"
+from .shard_format import DTYPES, FORMAT, open_bin, open_idx_arrays, read_idx_header
 
 
 class PreparedCorpus:

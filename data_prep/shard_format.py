@@ -33,6 +33,7 @@ import numpy as np
 
 from .errors import DataPrepError
 
+FORMAT = "elasticbert-data_prep"  # manifest.json "format": a directory written by `data_prep tokenize`
 MAGIC = b"EBERTIDX"
 VERSION = 1
 HEADER = struct.Struct("<8sIIQQQ32sQ")
@@ -149,16 +150,27 @@ def open_bin(path: str | os.PathLike, header: IdxHeader) -> np.ndarray:
     return np.memmap(path, dtype=header.dtype, mode="r", shape=(header.num_tokens,))
 
 
+ShardTarget = Path | tuple[Path, Path]  # a stem (writes STEM.bin, STEM.idx) or the (.bin, .idx) paths themselves
+
+
+def shard_paths(target: ShardTarget) -> tuple[Path, Path]:
+    """The (.bin, .idx) paths a shard is written to."""
+    if isinstance(target, tuple):
+        return target
+    return target.with_suffix(".bin"), target.with_suffix(".idx")
+
+
 class PartWriter:
     """Streams one shard's token ids to `<stem>.bin` (hashing while writing) and writes `<stem>.idx` at close.
 
-    Only documents are added (never half a document), so the shard invariant "documents never span shards" holds.
+    `target` may also be the two paths, e.g. temporary names that are renamed into place afterwards. Only documents
+    are added (never half a document), so the shard invariant "documents never span shards" holds.
     """
 
-    def __init__(self, stem: Path, dtype: np.dtype) -> None:
-        self.stem = stem
+    def __init__(self, target: ShardTarget, dtype: np.dtype) -> None:
+        self.bin_path, self.idx_path = shard_paths(target)
         self.dtype = np.dtype(dtype)
-        self._f = open(stem.with_suffix(".bin"), "wb")
+        self._f = open(self.bin_path, "wb")
         self._hash = hashlib.sha256()
         self._lengths: list[np.ndarray] = []
         self._doc_counts: list[np.ndarray] = []
@@ -193,8 +205,7 @@ class PartWriter:
         bin_sha = self._hash.hexdigest()
         header = IdxHeader(VERSION, self.dtype.itemsize, self.num_sentences, self.num_docs, self.num_tokens, bin_sha)
         idx = pack_idx(header, lengths, bounds)
-        idx_path = self.stem.with_suffix(".idx")
-        with open(idx_path, "wb") as f:
+        with open(self.idx_path, "wb") as f:
             f.write(idx)
         return {
             "docs": self.num_docs,
@@ -264,9 +275,10 @@ class SplitWriter:
         return self.parts
 
 
-def concat_shards(stems: list[Path], out_stem: Path, dtype: np.dtype) -> dict[str, Any]:
-    """Concatenate whole shards (in order) into one new shard, streaming the .bin parts."""
-    writer = PartWriter(out_stem, dtype)
+def concat_shards(stems: list[Path], target: ShardTarget, dtype: np.dtype) -> dict[str, Any]:
+    """Concatenate whole shards (in order) into one new shard (`target`: see `PartWriter`), streaming the .bin
+    parts."""
+    writer = PartWriter(target, dtype)
     for stem in stems:
         header = read_idx_header(stem.with_suffix(".idx"))
         _, lengths, bounds = open_idx_arrays(stem.with_suffix(".idx"), header)

@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 from .errors import DataPrepError
 
@@ -44,6 +44,11 @@ _PG_START = re.compile(
 _PG_END = re.compile(rb"^\*{3}\s*END OF (?:THE|THIS) PROJECT GUTENBERG[^\n]*", re.I | re.M)
 _PG_END_LINE = re.compile(rb"^End of (?:the )?Project Gutenberg", re.I | re.M)
 _WS = b" \t\r\n\f\v"
+
+DocBoundary = Literal["auto", "blank", "line", "file"]  # what the user asks for (PrepConfig.doc_boundary)
+DecodeErrorPolicy = Literal["replace", "fail"]  # invalid UTF-8: replace with U+FFFD and count, or stop
+SourceKind = Literal["text", "jsonl", "hf", "hub"]  # plain text, JSON lines, a dataset dir, a hub dataset
+Compression = Literal["", "gz", "zst"]
 
 # --------------------------------------------------------------------------------------------- decode policy
 
@@ -67,8 +72,8 @@ class SourceSpec:
 
     path: str
     key: str
-    kind: str  # "text" | "jsonl" | "hf" | "hub"
-    compression: str = ""  # "" | "gz" | "zst"
+    kind: SourceKind
+    compression: Compression = ""
 
 
 def _is_hf_dir(p: Path) -> bool:
@@ -254,8 +259,10 @@ def _gutenberg_range(head: bytes, tail: bytes, tail_offset: int) -> tuple[int, i
     return start, end if end is not None else -1
 
 
-def describe(spec: SourceSpec, doc_boundary: str, strip_gutenberg: bool, hf_split: str, text_field: str) -> dict:
-    """Stat a source and fix the facts units need: size, mtime, content byte range, document boundary."""
+def describe(spec: SourceSpec, doc_boundary: DocBoundary, strip_gutenberg: bool, hf_split: str,
+             text_field: str) -> dict:
+    """Stat a source and fix the facts units need: size, mtime, content byte range, and the document boundary it
+    is read with ("auto" resolved to "blank" or "line"; "record" for JSONL, "row" for datasets)."""
     if spec.kind in ("hf", "hub"):
         return _describe_hf(spec, hf_split, text_field)
     path = spec.path
@@ -450,7 +457,8 @@ class ReadStats:
 class DocumentReader:
     """Streams (doc offset, text) of one segment of one source, applying the decode-error policy."""
 
-    def __init__(self, src: dict, on_decode_error: str, text_field: str, max_doc_bytes: int, stats: ReadStats):
+    def __init__(self, src: dict, on_decode_error: DecodeErrorPolicy, text_field: str, max_doc_bytes: int,
+                 stats: ReadStats) -> None:
         self.src = src
         self.path = src["path"]
         self.policy = on_decode_error

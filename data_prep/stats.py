@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from common.io import atomic_path
+
 from .reader import PreparedCorpus
 from .util import atomic_write_json
 
@@ -77,14 +79,15 @@ def _plot(stats: dict[str, Any], split: str, path: Path) -> None:
         ax.set_xlabel(title.split(" per ")[0])
         ax.set_ylabel("count")
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=80, format="png")
     plt.close(fig)
 
 
-def corpus_stats(out_dir: str | os.PathLike, plots_dir: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Stats of every split; writes `stats.json` and `<split>_lengths.png` into plots_dir (default OUT/stats)."""
+def corpus_stats(out_dir: str | os.PathLike, output_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Stats of every split; writes `stats.json` and `<split>_lengths.png` into output_dir (default OUT/stats)."""
     out = Path(out_dir)
-    pdir = Path(plots_dir) if plots_dir is not None else out / "stats"
+    pdir = Path(output_dir) if output_dir is not None else out / "stats"
     pdir.mkdir(parents=True, exist_ok=True)
     first = PreparedCorpus(out, "train")
     result: dict[str, Any] = {"manifest_sha256": first.manifest_hash, "splits": {}}

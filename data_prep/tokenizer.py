@@ -17,12 +17,17 @@ import importlib.util
 import io
 import os
 import shutil
-from collections.abc import Iterable, Iterator
+import typing
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+
+from common.config import choice_problem
+from common.io import atomic_path
 
 from .errors import DataPrepError
 from .shard_format import token_dtype
@@ -32,7 +37,17 @@ from .util import atomic_write_json, canonical_json, read_json, sha256_bytes, sh
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 SPECIAL_KEYS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
 META = "data_prep_tokenizer.json"
-KINDS = ("wordpiece", "unigram", "bpe")
+
+TokenizerKind = Literal["wordpiece", "unigram", "bpe"]  # `tokenizers` WordPiece, or sentencepiece unigram / BPE
+KINDS: tuple[str, ...] = typing.get_args(TokenizerKind)
+
+
+@dataclass(frozen=True)
+class TokenizerTraining:
+    """What `train_tokenizer` trains by default (and so the defaults and choices of `train-tokenizer`)."""
+
+    kind: TokenizerKind = "wordpiece"
+    vocab_size: int = 30522
 
 
 def minilm_vocab() -> Path:
@@ -111,35 +126,31 @@ def check_tokenizer_dir(directory: str | os.PathLike) -> list[str]:
     return problems
 
 
-def install_dir(tmp: Path, final: Path) -> dict[str, Any]:
-    """Rename a finished temp tokenizer dir into place; if one exists it must be the same tokenizer."""
-    new = load_meta(tmp)
-    if final.exists():
-        old = load_meta(final)
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old["sha256"] != new["sha256"]:
-            raise DataPrepError(
-                f"{final}: holds a different tokenizer (sha256 {old['sha256'][:12]}…, this one {new['sha256'][:12]}…); "
-                "the output directory was prepared with another tokenizer/vocab: use a new output directory"
-            )
-        return old
+def install_tokenizer(final: Path, build: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """Build a tokenizer directory in a temporary sibling of `final` (`build(tmp)` writes it and returns its meta)
+    and rename it into place (`common.io.atomic_path`). A tokenizer already at `final` (installed before, or by
+    another array task meanwhile) must be the same one: it is kept and the new copy dropped."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    new: dict[str, Any] = {}
     try:
-        os.rename(tmp, final)
-    except OSError:  # another array task installed it first
-        shutil.rmtree(tmp, ignore_errors=True)
-        old = load_meta(final)
-        if old["sha256"] != new["sha256"]:
-            raise DataPrepError(f"{final}: holds a different tokenizer; use a new output directory") from None
-        return old
+        with atomic_path(final, replace=False) as tmp:
+            tmp.mkdir()
+            new = build(tmp)
+    except OSError:  # FileExistsError, or the rename losing a race with another task
+        if not new or not final.is_dir():
+            raise
+        return _same_tokenizer(final, new)
     return new
 
 
-def _tmp_dir(final: Path) -> Path:
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    return tmp
+def _same_tokenizer(final: Path, new: dict[str, Any]) -> dict[str, Any]:
+    old = load_meta(final)
+    if old["sha256"] != new["sha256"]:
+        raise DataPrepError(
+            f"{final}: holds a different tokenizer (sha256 {old['sha256'][:12]}…, this one {new['sha256'][:12]}…); "
+            "the output directory was prepared with another tokenizer/vocab: use a new output directory"
+        )
+    return old
 
 
 def _write_hf_files(directory: Path, lowercase: bool) -> None:
@@ -194,25 +205,27 @@ def adopt_vocab(vocab_path: str | os.PathLike, out_dir: str | os.PathLike, lower
             vocab.append(t)  # appended at the end: ids of a pretrained model's vocab stay put
     if lowercase is None:  # an uncased vocab has no A-Z outside bracketed specials ("[CLS]", "[unused0]")
         lowercase = not any(any("A" <= c <= "Z" for c in t) for t in vocab if not (t[:1] == "[" and t[-1:] == "]"))
-    final = Path(out_dir)
-    tmp = _tmp_dir(final)
-    _save_wordpiece(tmp, vocab, lowercase)
-    write_meta(tmp, "wordpiece", lowercase)
-    return install_dir(tmp, final)
+
+    def build(tmp: Path) -> dict[str, Any]:
+        _save_wordpiece(tmp, vocab, lowercase)
+        return write_meta(tmp, "wordpiece", lowercase)
+
+    return install_tokenizer(Path(out_dir), build)
 
 
 def adopt_spm(model_path: str | os.PathLike, out_dir: str | os.PathLike) -> dict:
     """Make `out_dir` a tokenizer dir from an existing sentencepiece model (must hold the special tokens)."""
-    final = Path(out_dir)
-    tmp = _tmp_dir(final)
-    shutil.copyfile(model_path, tmp / "spm.model")
-    import sentencepiece as spm
 
-    sp = spm.SentencePieceProcessor(model_file=str(tmp / "spm.model"))
-    if sp.get_piece_size() == 0:
-        raise DataPrepError(f"{model_path}: empty sentencepiece model")
-    write_meta(tmp, "sentencepiece", False)
-    return install_dir(tmp, final)
+    def build(tmp: Path) -> dict[str, Any]:
+        import sentencepiece as spm
+
+        shutil.copyfile(model_path, tmp / "spm.model")
+        sp = spm.SentencePieceProcessor(model_file=str(tmp / "spm.model"))
+        if sp.get_piece_size() == 0:
+            raise DataPrepError(f"{model_path}: empty sentencepiece model")
+        return write_meta(tmp, "sentencepiece", False)
+
+    return install_tokenizer(Path(out_dir), build)
 
 
 def resolve_tokenizer(source: str | os.PathLike, out_dir: str | os.PathLike) -> dict:
@@ -225,11 +238,13 @@ def resolve_tokenizer(source: str | os.PathLike, out_dir: str | os.PathLike) -> 
             raise DataPrepError(problems[0])
         if Path(out_dir).resolve() == src.resolve():
             return load_meta(src)
-        final = Path(out_dir)
-        tmp = _tmp_dir(final)
-        for p in _tokenizer_files(src) + [src / META]:
-            shutil.copyfile(p, tmp / p.name)
-        return install_dir(tmp, final)
+
+        def build(tmp: Path) -> dict[str, Any]:
+            for p in _tokenizer_files(src) + [src / META]:
+                shutil.copyfile(p, tmp / p.name)
+            return load_meta(tmp)
+
+        return install_tokenizer(Path(out_dir), build)
     if src.is_file() and src.suffix == ".model":
         return adopt_spm(src, out_dir)
     if src.is_file() or (src.is_dir() and (src / "vocab.txt").is_file()):
@@ -243,60 +258,79 @@ def resolve_tokenizer(source: str | os.PathLike, out_dir: str | os.PathLike) -> 
 def train_tokenizer(
     texts: Iterable[str],
     out_dir: str | os.PathLike,
-    kind: str = "wordpiece",
-    vocab_size: int = 30522,
+    kind: TokenizerKind = TokenizerTraining.kind,
+    vocab_size: int = TokenizerTraining.vocab_size,
     lowercase: bool = True,
     threads: int = 1,
 ) -> dict:
     """Train a tokenizer on an iterable of documents and install it as `out_dir` (with hashes)."""
-    if kind not in KINDS:
-        raise DataPrepError(f"unknown tokenizer kind {kind!r} (choose from {', '.join(KINDS)})")
-    final = Path(out_dir)
-    tmp = _tmp_dir(final)
-    count = [0]
+    problem = choice_problem("tokenizer kind", kind, KINDS)
+    if problem:
+        raise DataPrepError(problem)
 
-    def counted(it: Iterable[str]) -> Iterator[str]:
-        for t in it:
-            count[0] += 1
+    def build(tmp: Path) -> dict[str, Any]:
+        docs = _Counted(texts)
+        if kind == "wordpiece":
+            _train_wordpiece(docs, tmp, vocab_size, lowercase)
+        else:
+            _train_sentencepiece(docs, tmp, kind, vocab_size, lowercase, threads)
+        return write_meta(tmp, kind, lowercase)
+
+    return install_tokenizer(Path(out_dir), build)
+
+
+class _Counted:
+    """An iterable of documents that counts them (training on nothing is an error, not an empty vocabulary)."""
+
+    def __init__(self, texts: Iterable[str]) -> None:
+        self.texts = texts
+        self.count = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for t in self.texts:
+            self.count += 1
             yield t
 
-    if kind == "wordpiece":
-        from tokenizers import BertWordPieceTokenizer
 
-        tok = BertWordPieceTokenizer(lowercase=lowercase, clean_text=True, handle_chinese_chars=True,
-                                     strip_accents=None)
-        tok.train_from_iterator(counted(texts), vocab_size=vocab_size, min_frequency=2,
-                                special_tokens=SPECIAL_TOKENS, limit_alphabet=1000, wordpieces_prefix="##",
-                                show_progress=False)
-        if count[0] == 0:
-            raise DataPrepError("no text to train the tokenizer on (inputs produced no documents)")
-        vocab = [t for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])]
-        _save_wordpiece(tmp, vocab, lowercase)
-    else:
-        import sentencepiece as spm
+_NO_TEXT = "no text to train the tokenizer on (inputs produced no documents)"
 
-        def sentences_of(it: Iterable[str]) -> Iterator[str]:
-            for doc in counted(it):
-                for a, b in split_sentences(doc):
-                    s = doc[a:b]
-                    yield s if len(s) < 4000 else s[:4000]
 
-        buf = io.BytesIO()
-        try:
-            spm.SentencePieceTrainer.train(
-                sentence_iterator=sentences_of(texts), model_writer=buf, model_type=kind, vocab_size=vocab_size,
-                pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, pad_piece="[PAD]", unk_piece="[UNK]",
-                control_symbols=["[CLS]", "[SEP]", "[MASK]"], hard_vocab_limit=False, minloglevel=2,
-                normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc", num_threads=max(1, threads),
-                character_coverage=0.9995, input_sentence_size=2_000_000, shuffle_input_sentence=True,
-            )
-        except RuntimeError as e:
-            if count[0] == 0:
-                raise DataPrepError("no text to train the tokenizer on (inputs produced no documents)") from e
-            raise DataPrepError(f"sentencepiece training failed: {e}") from e
-        (tmp / "spm.model").write_bytes(buf.getvalue())
-    write_meta(tmp, kind, lowercase)
-    return install_dir(tmp, final)
+def _train_wordpiece(docs: _Counted, directory: Path, vocab_size: int, lowercase: bool) -> None:
+    from tokenizers import BertWordPieceTokenizer
+
+    tok = BertWordPieceTokenizer(lowercase=lowercase, clean_text=True, handle_chinese_chars=True, strip_accents=None)
+    tok.train_from_iterator(iter(docs), vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
+                            limit_alphabet=1000, wordpieces_prefix="##", show_progress=False)
+    if docs.count == 0:
+        raise DataPrepError(_NO_TEXT)
+    vocab = [t for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])]
+    _save_wordpiece(directory, vocab, lowercase)
+
+
+def _train_sentencepiece(docs: _Counted, directory: Path, kind: str, vocab_size: int, lowercase: bool,
+                         threads: int) -> None:
+    import sentencepiece as spm
+
+    def sentences() -> Iterator[str]:
+        for doc in docs:
+            for a, b in split_sentences(doc):
+                s = doc[a:b]
+                yield s if len(s) < 4000 else s[:4000]
+
+    buf = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=sentences(), model_writer=buf, model_type=kind, vocab_size=vocab_size,
+            pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, pad_piece="[PAD]", unk_piece="[UNK]",
+            control_symbols=["[CLS]", "[SEP]", "[MASK]"], hard_vocab_limit=False, minloglevel=2,
+            normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc", num_threads=max(1, threads),
+            character_coverage=0.9995, input_sentence_size=2_000_000, shuffle_input_sentence=True,
+        )
+    except RuntimeError as e:
+        if docs.count == 0:
+            raise DataPrepError(_NO_TEXT) from e
+        raise DataPrepError(f"sentencepiece training failed: {e}") from e
+    (directory / "spm.model").write_bytes(buf.getvalue())
 
 
 # -------------------------------------------------------------------------------------------------- encoding

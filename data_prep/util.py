@@ -1,12 +1,14 @@
-"""Small filesystem helpers: atomic writes, hashing, canonical JSON (so manifests compare byte for byte)."""
+"""Small helpers: canonical JSON (so manifests compare byte for byte), hashing, and canonical JSON written atomically
+(through `common.io`, the one temp-then-rename helper)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-from pathlib import Path
 from typing import Any
+
+from common.io import atomic_write_bytes
 
 HASH_BLOCK = 8 << 20
 
@@ -32,34 +34,9 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def fsync_dir(path: str | os.PathLike) -> None:
-    """Make a rename inside `path` durable (ignored where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write to a temp name in the same directory, fsync, rename: readers see the old file or the new, never half."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> bytes:
-    """Canonical JSON written atomically; returns the bytes written (callers hash them)."""
+    """Canonical JSON written atomically (`common.io.atomic_write_bytes`); returns the bytes written (callers hash
+    them)."""
     data = canonical_json(obj).encode("utf-8")
     atomic_write_bytes(path, data)
     return data

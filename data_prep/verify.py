@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 
 from .errors import DataPrepError
-from .reader import FORMAT
-from .shard_format import DTYPES, open_idx_arrays, read_idx_header
+from .shard_format import DTYPES, FORMAT, open_idx_arrays, read_idx_header
 from .tokenizer import check_tokenizer_dir, load_meta
 from .util import sha256_file
 

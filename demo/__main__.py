@@ -19,13 +19,13 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.dist import free_port
 from elasticbert import minilm_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,12 +116,6 @@ def glue_task(scale: Scale, out: Path) -> tuple[str, str, str]:
     return "SST-2", str(task_dir.parent), f"a tiny template sentiment task in {task_dir} (../shared/data/glue absent)"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
@@ -168,7 +162,7 @@ def stage_pretrain(scale: Scale, data: Path, run_dir: Path, logs: Path) -> dict:
         f"checkpoint.interval={max(scale.preempt_at // 2, 1)}", "eval.interval=0",
         f"eval.max_samples={64 if scale.pretrain_steps < 20 else 256}", "logging.progress=false",
     ]
-    args = ["train", "--config", "configs/tiny_cpu.yaml", "--run-dir", str(run_dir)]
+    args = ["train", "--config", "configs/tiny_cpu.yaml", "--output", str(run_dir)]
     for s in sets:
         args += ["--set", s]
     log = logs / "pretrain.log"
@@ -197,10 +191,11 @@ def stage_pretrain(scale: Scale, data: Path, run_dir: Path, logs: Path) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", default=os.environ.get("DEMO_SCALE", "small"), choices=sorted(SCALES))
-    parser.add_argument("--out", default=os.environ.get("DEMO_OUT", "demo_out"))
+    parser.add_argument("--output", default=os.environ.get("DEMO_OUT", "demo_out"),
+                        help="report folder (default: $DEMO_OUT or %(default)s); must be empty or absent")
     args = parser.parse_args(argv)
     scale = SCALES[args.scale]
-    out = (REPO / args.out).resolve() if not Path(args.out).is_absolute() else Path(args.out)
+    out = (REPO / args.output).resolve() if not Path(args.output).is_absolute() else Path(args.output)
     if out.exists() and any(out.iterdir()):
         sys.exit(f"demo: {out} is not empty; remove it or set DEMO_OUT to another folder")
     logs = out / "logs"
@@ -214,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     say("1 data_prep", f"tokenising {source} with the bert-base-uncased vocab (MiniLM package), 2 workers")
     data = out / "data"
     vocab = str(minilm_dir() / "vocab.txt")
-    run([py, "-m", "data_prep", "tokenize", *inputs, "--out", str(data), "--tokenizer", vocab, "--workers", "2",
+    run([py, "-m", "data_prep", "tokenize", *inputs, "--output", str(data), "--tokenizer", vocab, "--workers", "2",
          "--valid-fraction", "0.05", "--no-progress"])
     run([py, "-m", "data_prep", "verify", str(data)])
     manifest = json.loads((data / "manifest.json").read_text())
@@ -233,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     ft = out / "finetune"
     run([py, "-m", "finetune", "train", "--model", str(hf), "--task", task, "--data-dir", glue_dir,
          "--output", str(ft), "--exits", "all", "--exit-type", "mha", "--method", "2st", "--objective", "acl-cl",
-         "--acl-grad", "on", "--max-train-examples", str(scale.train_examples),
+         "--acl-grad", "--max-train-examples", str(scale.train_examples),
          "--max-dev-examples", str(scale.dev_examples), "--max-length", "64", "--epochs", str(scale.epochs),
          "--lr", "1e-4", "--exit-lr", "2e-3", "--batch-size", "16", "--no-progress", "--seed", "1"],
         log=logs / "finetune.log")
@@ -245,11 +240,11 @@ def main(argv: list[str] | None = None) -> None:
     ee = out / "early_exit"
     for strategy, sweep in (("entropy", "0.05,0.2,0.4,0.6"), ("patience", "1,2,3,4")):
         run([py, "-m", "finetune", "early-exit", "--model", str(ft / "best"), "--task", task, "--data-dir", glue_dir,
-             "--strategy", strategy, "--sweep", sweep, "--limit", str(scale.dev_examples), "--out", str(ee)],
+             "--strategy", strategy, "--sweep", sweep, "--max-examples", str(scale.dev_examples), "--output", str(ee)],
             log=logs / "early_exit.log")
     sweep_json = str(next(ee.glob("early_exit_*.json")))  # static curve + every operating point of both sweeps
     run([py, "-m", "finetune", "elue-score", "--baseline", sweep_json, "--points", sweep_json,
-         "--out", str(ee / "elue_score.json")], log=logs / "early_exit.log")
+         "--output", str(ee / "elue_score.json")], log=logs / "early_exit.log")
     summary["early_exit"] = json.loads((ee / "elue_score.json").read_text())
 
     # 6. report

@@ -21,6 +21,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
+from common.errors import UserError
+
 from .configuration import ElasticBertConfig
 from .modeling import ElasticBertModel
 
@@ -42,7 +44,7 @@ BERT_CONFIG_FIELDS = (
 BUFFER_SUFFIXES = ("position_ids", "token_type_ids")  # index buffers some BERT checkpoints store; never weights
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A checkpoint that cannot be loaded: missing files, corrupt weights, wrong shapes. Names the file or key."""
 
 

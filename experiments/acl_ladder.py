@@ -13,7 +13,7 @@ with SCL (rung CE+SCL) and with ACL-Embed (rung ACL-Embed). The trainer logs the
     python experiments/acl_ladder.py --scale smoke         # seconds; what CI runs
 
 Runs live under --work-dir/<task>/<rung>/seed<k>; a run whose dev_scores.json exists is not trained again.
-Results (results.json, PNGs, section.md) go to --out (default docs/results/acl_ladder).
+Results (results.json, PNGs, section.md) go to --output (default docs/results/acl_ladder).
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ RUNGS = (
     Rung("CE+SCL", "+ supervised contrastive loss on h^e", ("--exit-type", "mha", "--objective", "ce+scl"), True),
     Rung("ACL-Embed", "SCL -> ACL with label embeddings", ("--exit-type", "mha", "--objective", "acl"), True),
     Rung("+ACL-Grad", "+ drop the contrastive term when >90° from CE",
-         ("--exit-type", "mha", "--objective", "acl", "--acl-grad", "on"), True),
+         ("--exit-type", "mha", "--objective", "acl", "--acl-grad"), True),
     Rung("+ACL-CL", "+ cross-layer items from the last exit",
-         ("--exit-type", "mha", "--objective", "acl-cl", "--acl-grad", "on"), True),
+         ("--exit-type", "mha", "--objective", "acl-cl", "--acl-grad"), True),
 )
 ANGLE_RUNGS = ("CE+SCL", "ACL-Embed")  # experiment 4: without vs with ACL-Embed, ACL-Grad off in both
 LEARNED_MARGIN = 5.0  # a task counts as learned when some rung's best exit (mean over seeds) beats majority by this
@@ -94,7 +94,7 @@ def train_args(model: str, task: str, rung: Rung, seed: int, scale: Scale, run_d
     if scale.max_steps is not None:
         args += ["--max-steps", str(scale.max_steps)]
     if rung.logs_angles:
-        args += ["--log-angles", "on"]
+        args += ["--log-angles"]
     return args
 
 
@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", choices=sorted(SCALES), default="report")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/exp_finetune/acl_ladder"))
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "acl_ladder")
+    parser.add_argument("--output", type=Path, default=RESULTS_DIR / "acl_ladder")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: the scale's")
     parser.add_argument("--tasks", nargs="+", default=None, help="default: the scale's")
     parser.add_argument("--model", default=None, help="backbone to fine-tune (default: the MiniLM weights)")
@@ -431,13 +431,13 @@ def main(argv: list[str] | None = None) -> int:
         "rungs": [asdict(r) for r in RUNGS], "majority": majority, "runs": runs, "summary": summary,
         "total_wall_s": sum(r.get("wall_s", 0.0) for r in runs),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "results.json", results)
-    plot_curves(summary, scale.tasks, majority, args.out / "per_exit_curves.png")
-    plot_conflict(runs, scale.tasks, args.out / "conflict_angles.png")
-    write_section(results, args.out / "section.md")
+    args.output.mkdir(parents=True, exist_ok=True)
+    write_json(args.output / "results.json", results)
+    plot_curves(summary, scale.tasks, majority, args.output / "per_exit_curves.png")
+    plot_conflict(runs, scale.tasks, args.output / "conflict_angles.png")
+    write_section(results, args.output / "section.md")
     failed = [r for r in runs if r["status"] != "ok"]
-    print(f"wrote {args.out}; {len(runs) - len(failed)} runs ok, {len(failed)} failed")
+    print(f"wrote {args.output}; {len(runs) - len(failed)} runs ok, {len(failed)} failed")
     return 0 if all(math.isfinite(r.get("cross_layer_avg", math.nan)) for r in runs if r["status"] == "ok") else 1
 
 

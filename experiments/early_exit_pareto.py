@@ -67,9 +67,10 @@ def early_exit(task: str, model: str, scale: Scale, work_dir: Path) -> tuple[Pat
     """Sweep the four strategies on one model; returns (early-exit JSON, wall seconds)."""
     out = work_dir / task
     args = ["early-exit", "--model", model, "--task", task, "--data-dir", str(GLUE_DIR),
-            "--strategy", ",".join(STRATEGIES), "--limit", str(scale.dev_limit), "--max-length", str(scale.max_length),
-            "--threads", "1", "--out", str(out), "--no-merge", "--train-lte",
-            "--lte-samples", str(scale.lte_samples), "--lte-epochs", str(scale.lte_epochs)]
+            "--strategy", ",".join(STRATEGIES), "--max-examples", str(scale.dev_limit),
+            "--max-length", str(scale.max_length),
+            "--threads", "1", "--output", str(out), "--no-merge", "--train-lte",
+            "--max-lte-examples", str(scale.lte_samples), "--lte-epochs", str(scale.lte_epochs)]
     wall = run_cli("finetune", args, work_dir / "logs" / f"early_exit_{task}.log")
     return next(out.glob("early_exit_*_dev_bs*.json")), wall
 
@@ -78,7 +79,7 @@ def elue(paths: list[Path], work_dir: Path) -> dict:
     """ELUE score of every strategy against the model's own static curve (the early-exit JSON's static points)."""
     report = work_dir / "elue_score.json"
     files = [str(p) for p in paths]
-    run_cli("finetune", ["elue-score", "--baseline", *files, "--points", *files, "--out", str(report)],
+    run_cli("finetune", ["elue-score", "--baseline", *files, "--points", *files, "--output", str(report)],
             work_dir / "logs" / "elue_score.log")
     return json.loads(report.read_text())
 
@@ -135,8 +136,8 @@ def write_section(results: dict, path: Path) -> None:
         f"**Command.** `python experiments/early_exit_pareto.py --scale {results['scale']}` (after the ladder).",
         "",
         f"**Settings.** Model per task: {results['model_rule']} Dev subset: {s['dev_limit']} examples (seed 0 "
-        f"subset of `early-exit --limit`), max length {s['max_length']}, batch 32, 1 thread. LTE head trained on "
-        f"{s['lte_samples']} training rows for {s['lte_epochs']} epochs (backbone and exits frozen). Default "
+        f"subset of `early-exit --max-examples`), max length {s['max_length']}, batch 32, 1 thread. LTE head trained "
+        f"on {s['lte_samples']} training rows for {s['lte_epochs']} epochs (backbone and exits frozen). Default "
         "threshold sweeps of `finetune early-exit` (entropy 7, patience k = 0…5, PCEE 7 with patience 2, LTE the "
         "head's own quantiles). ELUE score = mean over a strategy's operating points of (score − static curve "
         "interpolated at the point's FLOPs), clamped outside the static range; the benchmark column is the mean "
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", choices=sorted(SCALES), default="report")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/exp_finetune/early_exit"))
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "early_exit")
+    parser.add_argument("--output", type=Path, default=RESULTS_DIR / "early_exit")
     parser.add_argument("--ladder-results", type=Path, default=RESULTS_DIR / "acl_ladder" / "results.json")
     parser.add_argument("--model", default=None, help="a fine-tuned multi-exit model dir (needs exactly one --tasks)")
     parser.add_argument("--tasks", nargs="+", default=None, help="default: the scale's")
@@ -227,11 +228,11 @@ def main(argv: list[str] | None = None) -> int:
         "elue_mean_over_strategies": mean_std([v["score"] for v in report.values() if v["score"] is not None])
         if report else None,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "results.json", results)
-    plot_pareto(curves, args.out / "pareto.png")
-    write_section(results, args.out / "section.md")
-    print(f"wrote {args.out}")
+    args.output.mkdir(parents=True, exist_ok=True)
+    write_json(args.output / "results.json", results)
+    plot_pareto(curves, args.output / "pareto.png")
+    write_section(results, args.output / "section.md")
+    print(f"wrote {args.output}")
     return 0
 
 

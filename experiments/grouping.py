@@ -189,13 +189,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scale", choices=sorted(SCALES), default="report")
     parser.add_argument("--work-dir", default="/tmp/exp_pretrain", help="runs, checkpoints, tokenised corpus "
                         "(share it with pretrain_exits to reuse its G=2 arm)")
-    parser.add_argument("--out", default=None, help="default: docs/results/grouping")
+    parser.add_argument("--output", default=None, help="default: docs/results/grouping")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     args = parser.parse_args(argv)
     missing = data_available()
     if missing:
         raise SystemExit(f"grouping: {missing}")
-    results = run(args.scale, Path(args.work_dir) / args.scale, resolve_out(args.out, "grouping"), args.seeds)
+    results = run(args.scale, Path(args.work_dir) / args.scale, resolve_out(args.output, "grouping"), args.seeds)
     problems = check(results)
     if problems:
         raise SystemExit("grouping: non-finite or missing results:\n" + "\n".join(problems))

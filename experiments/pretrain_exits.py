@@ -217,14 +217,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", choices=sorted(SCALES), default="report")
     parser.add_argument("--work-dir", default="/tmp/exp_pretrain", help="runs, checkpoints, tokenised corpus")
-    parser.add_argument("--out", default=None, help="default: docs/results/pretrain_exits")
+    parser.add_argument("--output", default=None, help="default: docs/results/pretrain_exits")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     args = parser.parse_args(argv)
     missing = data_available()
     if missing:
         raise SystemExit(f"pretrain_exits: {missing}")
     work = Path(args.work_dir) / args.scale
-    results = run(args.scale, work, resolve_out(args.out, "pretrain_exits"), args.seeds)
+    results = run(args.scale, work, resolve_out(args.output, "pretrain_exits"), args.seeds)
     problems = check(results)
     if problems:
         raise SystemExit("pretrain_exits: non-finite or missing results:\n" + "\n".join(problems))

@@ -112,7 +112,7 @@ def prepare_corpus(work: Path, name: str, books: tuple[str, ...]) -> Path:
     out = work / "data" / name
     if (out / "manifest.json").is_file():
         return out
-    run_cli("data_prep", ["tokenize", *[GUTENBERG / b for b in books], "--out", out, "--tokenizer",
+    run_cli("data_prep", ["tokenize", *[GUTENBERG / b for b in books], "--output", out, "--tokenizer",
                           minilm_path() / "vocab.txt", "--workers", "1", "--valid-fraction", "0.01",
                           "--no-progress"], work / "logs" / f"data_{name}.log")
     return out
@@ -156,7 +156,7 @@ def pretrain_args(arm: Arm, scale: Scale, seed: int, data: Path, run_dir: Path) 
         f"checkpoint.interval={steps}", "checkpoint.keep_last=1", "eval.interval=0",
         "logging.progress=false", "logging.tensorboard=false",
     ]
-    args = ["train", "--config", "configs/tiny_cpu.yaml", "--run-dir", str(run_dir)]
+    args = ["train", "--config", "configs/tiny_cpu.yaml", "--output", str(run_dir)]
     for s in sets:
         args += ["--set", s]
     return args
@@ -202,8 +202,8 @@ def heldout_mlm_loss(work: Path, scale: Scale, name: str, hf_dir: Path, heldout:
         import torch
 
         from elasticbert import ElasticBertForPreTraining, load_pretrained
+        from pretrain.corpora import open_corpus
         from pretrain.data import MaskingConfig, PretrainingDataset, collate, load_or_build_index
-        from pretrain.trainer import open_corpus
 
         corpus = open_corpus(heldout, "train")  # every sample of these books is held out
         index, _, _ = load_or_build_index(corpus, "train", scale.seq_len, 0.0, HELDOUT_SAMPLE_SEED,

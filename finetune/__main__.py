@@ -1,37 +1,28 @@
 """`python -m finetune <command>` (console script `elasticbert-finetune`).
 
-Each command module exposes `add_subparser(subparsers)`; optional modules (early exit, ELUE) join when present.
+Each command module exposes `add_subparser(subparsers)`; a user error (bad option, data, checkpoint) prints
+`finetune: error: MESSAGE` and exits 2 (`common.cli.run_command`).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 
-COMMAND_MODULES = (
-    "finetune.train_cli",
-    "finetune.evaluation",
-    "finetune.diagnostics",
-    "finetune.early_exit",
-    "finetune.elue",
-)
-OPTIONAL = {"finetune.early_exit", "finetune.elue"}
+from common.cli import run_command
+
+from . import diagnostics, elue, evaluation, submission, train_cli
+from .early_exit import cli as early_exit_cli
+
+COMMAND_MODULES = (train_cli, evaluation, diagnostics, early_exit_cli, elue, submission)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="finetune", description="ElasticBERT GLUE/ELUE fine-tuning")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as err:
-            if name in OPTIONAL and err.name == name:
-                continue
-            raise
-        if hasattr(module, "add_subparser"):
-            module.add_subparser(subparsers)
+    for module in COMMAND_MODULES:
+        module.add_subparser(subparsers)
     return parser
 
 
@@ -41,16 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from elasticbert import CheckpointError
-
-    from .config import ConfigError
-    from .tasks import DataError
-
-    try:
-        return int(args.func(args) or 0)
-    except (DataError, CheckpointError, ConfigError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return run_command(parser.prog, lambda: args.func(args))
 
 
 if __name__ == "__main__":

@@ -5,16 +5,25 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Literal
 
-METHODS = ("jt", "2st", "alt")
-OBJECTIVES = ("ce", "ce+scl", "acl", "acl-cl")
-EXIT_TYPES = ("linear", "mha")
-ANGLE_SCOPES = ("exit", "all", "representation")
-JT_WEIGHTS = ("uniform", "layer")
+from common.config import literal_problems
+from common.errors import ConfigError
+from common.io import atomic_write_json
+
+# Fixed choices: the allowed values live in the type (`--help`, validation and `common.config` read them from here).
+Method = Literal["jt", "2st", "alt"]
+Objective = Literal["ce", "ce+scl", "acl", "acl-cl"]
+ExitType = Literal["linear", "mha"]
+AngleScope = Literal["exit", "all", "representation"]
+JTWeights = Literal["uniform", "layer"]
+Reduction = Literal["sum", "mean"]
+Granularity = Literal["batch", "exit"]
 
 
-class ConfigError(ValueError):
-    """An inconsistent run configuration (named option and reason)."""
+def flag(name: str) -> str:
+    """The command-line spelling of a TrainConfig field (`lam` is `--lambda`)."""
+    return "--lambda" if name == "lam" else f"--{name.replace('_', '-')}"
 
 
 @dataclass
@@ -30,25 +39,25 @@ class TrainConfig:
     # architecture
     layers: int | None = None  # static truncation: keep l layers
     exits: list[int] | str | None = None  # None: one exit at the top; "all"; or explicit layers
-    exit_type: str = "linear"
+    exit_type: ExitType = "linear"
     mha_dim: int = 64
     mha_heads: int = 4
     dropout: float = 0.1
     # method
-    method: str = "jt"
-    jt_weights: str = "uniform"
+    method: Method = "jt"
+    jt_weights: JTWeights = "uniform"
     gradient_equilibrium: bool = False
     # objective
-    objective: str = "ce"
+    objective: Objective = "ce"
     lam: float = 0.02
     tau: float = 0.5
-    contrastive_reduction: str = "sum"
+    contrastive_reduction: Reduction = "sum"
     kd_weight: float | None = None  # None: 0.5 in 2ST stage 2, 0 elsewhere
     kd_temperature: float = 2.0
     acl_grad: bool = False
-    acl_grad_scope: str = "exit"
+    acl_grad_scope: AngleScope = "exit"
     acl_grad_threshold: float = 90.0
-    acl_grad_granularity: str = "batch"
+    acl_grad_granularity: Granularity = "batch"
     log_angles: bool = True
     # optimisation
     lr: float = 2e-5
@@ -65,7 +74,7 @@ class TrainConfig:
     max_train_examples: int | None = None
     max_dev_examples: int | None = None
     # The dev subset does not follow `seed`: every seed and arm is scored on the same rows, the ones
-    # `finetune early-exit --limit` picks too.
+    # `finetune early-exit --max-examples` picks too.
     dev_subset_seed: int = 0
     eval_every: int | None = None  # steps; None: at the end of every epoch
     deepspeed: str | None = None
@@ -74,22 +83,13 @@ class TrainConfig:
 
     def validate(self, num_labels: int | None = None, model_layers: int | None = None) -> TrainConfig:
         """Check option values and combinations; `num_labels`/`model_layers` enable the task- and model-aware checks."""
-        choices = {
-            "method": METHODS,
-            "objective": OBJECTIVES,
-            "exit_type": EXIT_TYPES,
-            "acl_grad_scope": ANGLE_SCOPES,
-            "jt_weights": JT_WEIGHTS,
-            "contrastive_reduction": ("sum", "mean"),
-            "acl_grad_granularity": ("batch", "exit"),
-        }
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)!r}: expected one of {allowed}")
+        problems = literal_problems(self, key=flag)
+        if problems:
+            raise ConfigError(problems)
         positive = ("lr", "tau", "kd_temperature", "batch_size", "eval_batch_size", "max_length", "mha_dim")
         for name in positive:
             if getattr(self, name) <= 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+                raise ConfigError(f"{flag(name)} must be > 0, got {getattr(self, name)}")
         if not 0.0 <= self.lam <= 1.0:
             raise ConfigError(f"--lambda must be within [0, 1], got {self.lam}")
         if self.kd_weight is not None and not 0.0 <= self.kd_weight <= 1.0:
@@ -139,7 +139,7 @@ class TrainConfig:
         return sorted(set(self.exits))
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), indent=2) + "\n", encoding="utf-8")
+        atomic_write_json(path, asdict(self))
 
     @classmethod
     def load(cls, path: Path) -> TrainConfig:

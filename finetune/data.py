@@ -1,19 +1,44 @@
-"""Tokenising and batching `Example`s.
+"""Where the data comes from (`--data-dir`), tokenising `Example`s, and batching them for training and inference.
 
-Every call passes explicit `max_length` / `truncation` / `padding`: the MiniLM package's tokenizer.json carries
-truncation and padding to 128 built in, which would otherwise apply silently.
+Every tokenizer call passes explicit `max_length` / `truncation` / `padding`: the MiniLM package's tokenizer.json
+carries truncation and padding to 128 built in, which would otherwise apply silently.
+
+Inference (evaluation, early exit, LTE features, embeddings) goes through one path: an `EncodedSplit` cut into
+length-sorted batches (little padding), a forward mapped over them, and the outputs put back in dataset order
+(`forward_in_order`).
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import os
 import random
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from transformers import BertTokenizer, PreTrainedTokenizerBase
 
 from .tasks import DataError, Example
+
+
+def default_data_dir() -> str | None:
+    """`--data-dir` when not given: $GLUE_DIR when set, else None (the Hugging Face hub)."""
+    return os.environ.get("GLUE_DIR") or None
+
+
+def add_data_dir(parser: argparse.ArgumentParser | Any) -> None:
+    """`--data-dir`, the same for every finetune command."""
+    parser.add_argument(
+        "--data-dir", default=default_data_dir(),
+        help="GLUE/ELUE data root or one task's folder; hf:NAME reads GLUE from the Hugging Face hub "
+        "(default: $GLUE_DIR when set, else the hub)",
+    )
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
@@ -88,3 +113,113 @@ def subsample(examples: Sequence[Example], limit: int | None, seed: int = 0) -> 
     rng = random.Random(seed)
     picked = sorted(rng.sample(range(len(examples)), limit))
     return [examples[i] for i in picked]
+
+
+class Batch(NamedTuple):
+    """One inference batch: its rows' positions in the split, and the tensors trimmed to its longest row."""
+
+    rows: torch.Tensor
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    token_type_ids: torch.Tensor
+
+
+@dataclass
+class EncodedSplit:
+    """A tokenised split held as padded tensors (right padding), plus real lengths, labels and submission ids."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    token_type_ids: torch.Tensor
+    labels: torch.Tensor | None
+    index: torch.Tensor
+    lengths: torch.Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.lengths = self.attention_mask.sum(1)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @classmethod
+    def from_examples(cls, tokenizer: PreTrainedTokenizerBase, examples: Sequence[Example], max_length: int,
+                      chunk: int = 4096) -> EncodedSplit:
+        """Tokenise `examples` (`chunk` at a time, so that a large test set never exists as Python lists at once),
+        right-padded to the longest row."""
+        starts = range(0, len(examples), chunk)
+        parts = [encode_examples(tokenizer, examples[i : i + chunk], max_length) for i in starts]
+        if not parts:
+            raise ValueError("EncodedSplit: no examples")
+        longest = max(part["input_ids"].shape[1] for part in parts)
+
+        def stacked(key: str, pad: int = 0) -> torch.Tensor:
+            return torch.cat([F.pad(part[key], (0, longest - part[key].shape[1]), value=pad) for part in parts])
+
+        labels = torch.cat([part["labels"] for part in parts]) if all("labels" in part for part in parts) else None
+        return cls(stacked("input_ids", tokenizer.pad_token_id), stacked("attention_mask"),
+                   stacked("token_type_ids", tokenizer.pad_token_type_id), labels,
+                   torch.cat([part["index"] for part in parts]))
+
+    def select(self, rows: torch.Tensor) -> EncodedSplit:
+        """The rows `rows` (positions), in that order."""
+        labels = self.labels[rows] if self.labels is not None else None
+        return EncodedSplit(self.input_ids[rows], self.attention_mask[rows], self.token_type_ids[rows], labels,
+                            self.index[rows])
+
+    def batches(self, batch_size: int, sort_by_length: bool = True) -> list[Batch]:
+        """The split in batches, each trimmed to its longest row. Length-sorted (longest first) unless told
+        otherwise, so that batches carry little padding; `Batch.rows` says where each row came from."""
+        order = torch.argsort(self.lengths, descending=True, stable=True) if sort_by_length else torch.arange(len(self))
+        out = []
+        for start in range(0, len(self), batch_size):
+            rows = order[start : start + batch_size]
+            longest = int(self.lengths[rows].max())
+            out.append(
+                Batch(
+                    rows,
+                    self.input_ids[rows, :longest].contiguous(),
+                    self.attention_mask[rows, :longest].contiguous(),
+                    self.token_type_ids[rows, :longest].contiguous(),
+                )
+            )
+        return out
+
+
+def forward_in_order(
+    forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], batches: Sequence[Batch]
+) -> tuple[Any, float]:
+    """`forward(input_ids, attention_mask, token_type_ids)` over `batches`; its outputs concatenated along dim 0 and
+    put back in dataset order, and the wall time (seconds) of the forward calls alone (batching is done before the
+    clock starts, reordering after it stops).
+
+    An output may be a tensor, or a tuple, dict or dataclass of them (a dataclass's other fields are taken from the
+    first batch).
+    """
+    start = time.perf_counter()
+    outputs = [forward(batch.input_ids, batch.attention_mask, batch.token_type_ids) for batch in batches]
+    elapsed = time.perf_counter() - start
+    return in_dataset_order(outputs, batches), elapsed
+
+
+def in_dataset_order(outputs: Sequence[Any], batches: Sequence[Batch]) -> Any:
+    """Per-batch outputs (one per batch of `batches`) concatenated and put back in dataset order."""
+    return _gather(outputs, torch.argsort(torch.cat([batch.rows for batch in batches])))
+
+
+def _gather(parts: Sequence[Any], order: torch.Tensor) -> Any:
+    """Concatenate per-batch outputs of one structure and index them by `order`."""
+    first = parts[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(parts)[order]
+    if isinstance(first, dict):
+        return {key: _gather([p[key] for p in parts], order) for key in first}
+    if isinstance(first, tuple | list):
+        return type(first)(_gather([p[i] for p in parts], order) for i in range(len(first)))
+    if dataclasses.is_dataclass(first):
+        values = {
+            f.name: _gather([getattr(p, f.name) for p in parts], order)
+            if isinstance(getattr(first, f.name), torch.Tensor) else getattr(first, f.name)
+            for f in dataclasses.fields(first) if f.init
+        }
+        return type(first)(**values)
+    raise TypeError(f"forward_in_order: cannot gather outputs of type {type(first).__name__}")

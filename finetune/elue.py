@@ -1,4 +1,4 @@
-"""The ELUE score and ELUE-style submission files.
+"""The ELUE score: operating points against a baseline's per-exit curve, and the `elue-score` command.
 
 ELUE score of a system on one task (Liu et al., 2022): given the baseline's points (FLOPs_j, score_j) - ElasticBERT-base
 at each exit layer - linearly interpolated into p_EB(f), and the system's operating points (f_i, p_i),
@@ -24,13 +24,7 @@ Input files (baseline and points alike):
 - a result JSON of ``python -m finetune early-exit``: as a baseline its static per-layer curve is used, as points
   each strategy is one system.
 
-Submission files (`write_submission`), one directory per operating point, one set of files per task, in the form the
-official ElasticBERT/ELUE code produced for the ELUE site:
-- ``{TASK}.tsv``: ``index<TAB>prediction`` (label strings as the task's files spell them; STS-B: 3 decimals);
-- ``{TASK}_exit_layer.tsv``: ``index<TAB>exit_layer`` (1-based layer each test sample left at);
-- ``{TASK}_modules.tsv``: ``index<TAB>exit_layer<TAB>length<TAB>flops<TAB>modules``, the module trace the sample ran
-  (``embeddings,layer1,exit1,layer2,exit2,...``), its real length and FLOPs under the ELUE conventions;
-- ``submission.json``: model, strategy, threshold, mean test FLOPs, exit histogram.
+Submission files (one directory per operating point, for the ELUE site) are written by `finetune.submission`.
 """
 
 from __future__ import annotations
@@ -45,7 +39,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .tasks import DataError, TaskSpec, get_task
+from common.cli import add_output
+from common.errors import ConfigError
+from common.io import atomic_write_json
+
+from .early_exit.sweep import is_early_exit_result
+from .tasks import DataError, get_task
 
 OUT_OF_RANGE = ("clamp", "extrapolate", "drop", "error")
 
@@ -73,11 +72,11 @@ class BaselineCurve:
     @classmethod
     def from_points(cls, points: Sequence[tuple[float, float]]) -> BaselineCurve:
         if not points:
-            raise ValueError("a baseline curve needs at least one point")
+            raise DataError("a baseline curve needs at least one point")
         by_flops: dict[float, list[float]] = {}
         for f, s in points:
             if not (math.isfinite(f) and math.isfinite(s)):
-                raise ValueError(f"baseline point ({f}, {s}) is not finite")
+                raise DataError(f"baseline point ({f}, {s}) is not finite")
             by_flops.setdefault(float(f), []).append(float(s))
         flops = np.array(sorted(by_flops))
         return cls(flops, np.array([np.mean(by_flops[f]) for f in flops]))
@@ -85,13 +84,13 @@ class BaselineCurve:
     def value(self, f: float, out_of_range: str = "clamp") -> tuple[float | None, str]:
         """p_EB(f) and where f lies ('in', 'below', 'above'); None when the policy drops the point."""
         if out_of_range not in OUT_OF_RANGE:
-            raise ValueError(f"out_of_range must be one of {OUT_OF_RANGE}, not {out_of_range!r}")
+            raise ConfigError(f"out_of_range must be one of {OUT_OF_RANGE}, not {out_of_range!r}")
         lo, hi = self.flops[0], self.flops[-1]
         status = "below" if f < lo else "above" if f > hi else "in"
         if status == "in":
             return float(np.interp(f, self.flops, self.scores)), status
         if out_of_range == "error":
-            raise ValueError(f"FLOPs {f:.6g} outside the baseline's range [{lo:.6g}, {hi:.6g}]")
+            raise DataError(f"FLOPs {f:.6g} outside the baseline's range [{lo:.6g}, {hi:.6g}]")
         if out_of_range == "drop":
             return None, status
         if out_of_range == "extrapolate" and len(self.flops) > 1:
@@ -127,7 +126,7 @@ def elue_score(baseline: Mapping[str, Points], system: Mapping[str, Points], out
     for name, points in system.items():
         key = task_key(name)
         if key not in base:
-            raise ValueError(f"no baseline curve for task {name!r} (baseline has: {', '.join(sorted(base))})")
+            raise DataError(f"no baseline curve for task {name!r} (baseline has: {', '.join(sorted(base))})")
         tasks[key] = task_score(base[key], points, out_of_range)
     scored = [t["score"] for t in tasks.values() if t["score"] is not None]
     return {
@@ -149,7 +148,7 @@ def _points_from_list(rows: Sequence, where: str) -> Points:
         else:
             f, s = row
         if f is None or s is None:
-            raise ValueError(f"{where}: point {row!r} lacks flops or score")
+            raise DataError(f"{where}: point {row!r} lacks flops or score")
         out.append((float(f), float(s)))
     return out
 
@@ -159,14 +158,14 @@ def load_curves(path: str | Path, role: str = "points") -> dict[str, dict[str, P
     static curve; "points" reads its strategies (one system each)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
+        raise DataError(f"{path}: no such file")
     if path.suffix.lower() == ".csv":
         systems: dict[str, dict[str, Points]] = {}
         with path.open(encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
             missing = {"task", "flops", "score"} - set(reader.fieldnames or [])
             if missing:
-                raise ValueError(f"{path}: CSV header lacks {sorted(missing)} (needs task,flops,score)")
+                raise DataError(f"{path}: CSV header lacks {sorted(missing)} (needs task,flops,score)")
             for row in reader:
                 name = row.get("system") or path.stem
                 systems.setdefault(name, {}).setdefault(row["task"], []).append(
@@ -174,7 +173,7 @@ def load_curves(path: str | Path, role: str = "points") -> dict[str, dict[str, P
                 )
         return systems
     data = json.loads(path.read_text(encoding="utf-8"))
-    if isinstance(data, Mapping) and str(data.get("format", "")).startswith("elasticbert-early-exit"):
+    if is_early_exit_result(data):
         task = data["task"]
         if role == "baseline":
             return {"static": {task: _points_from_list(data["static"], f"{path} static")}}
@@ -188,7 +187,7 @@ def load_curves(path: str | Path, role: str = "points") -> dict[str, dict[str, P
     elif isinstance(data, Mapping):
         tasks, name = data, path.stem
     else:
-        raise ValueError(f"{path}: expected a JSON object")
+        raise DataError(f"{path}: expected a JSON object")
     return {name: {task: _points_from_list(rows, f"{path} {task}") for task, rows in tasks.items()}}
 
 
@@ -210,139 +209,6 @@ def load_baseline(paths: Sequence[str | Path]) -> dict[str, Points]:
             for task, points in tasks.items():
                 merged.setdefault(task, []).extend(points)
     return merged
-
-
-# ------------------------------------------------------------------------------------------------------ submission
-
-
-def module_trace(exits_run: Sequence[int], exit_layer: int) -> str:
-    """`embeddings,layer1,exit1,layer2,...` - the modules one sample went through, in order."""
-    ran = set(exits_run)
-    parts = ["embeddings"]
-    for layer in range(1, exit_layer + 1):
-        parts.append(f"layer{layer}")
-        if layer in ran:
-            parts.append(f"exit{layer}")
-    return ",".join(parts)
-
-
-def write_submission(
-    directory: str | Path,
-    task: TaskSpec,
-    index: Sequence[int],
-    predictions: Sequence[float],
-    exit_layers: Sequence[int],
-    lengths: Sequence[int],
-    flops: Sequence[float],
-    exits_run: Sequence[Sequence[int]],
-    meta: Mapping | None = None,
-) -> list[Path]:
-    """Write one task's submission files (see the module docstring) into `directory`."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    name = task.submission_name or task.name
-    pred_path = directory / f"{name}.tsv"
-    exit_path = directory / f"{name}_exit_layer.tsv"
-    trace_path = directory / f"{name}_modules.tsv"
-    rows = list(zip(index, predictions, exit_layers, lengths, flops, exits_run))
-    with (
-        pred_path.open("w", encoding="utf-8") as p,
-        exit_path.open("w", encoding="utf-8") as e,
-        trace_path.open("w", encoding="utf-8") as t,
-    ):
-        p.write("index\tprediction\n")
-        e.write("index\texit_layer\n")
-        t.write("index\texit_layer\tlength\tflops\tmodules\n")
-        for idx, pred, layer, length, flop, trace in rows:
-            p.write(f"{int(idx)}\t{task.label_name(pred)}\n")
-            e.write(f"{int(idx)}\t{int(layer)}\n")
-            t.write(f"{int(idx)}\t{int(layer)}\t{int(length)}\t{float(flop):.0f}\t{module_trace(trace, int(layer))}\n")
-    paths = [pred_path, exit_path, trace_path]
-    if meta is not None:
-        meta_path = directory / "submission.json"
-        existing = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-        existing[name] = dict(meta)
-        meta_path.write_text(json.dumps(existing, indent=1))
-        paths.append(meta_path)
-    return paths
-
-
-def write_submissions_for_results(
-    results: Mapping,
-    directory: str | Path,
-    model: object | None = None,
-    lte_head: object | None = None,
-    split_name: str = "test",
-    strategies: Sequence[str] | None = None,
-) -> list[Path]:
-    """Re-run every operating point of an early-exit result on the test split and write its submission files to
-    `directory/<strategy>_<threshold>/`. The model, data and settings come from the result JSON unless given."""
-    from .data import load_tokenizer
-    from .early_exit import (
-        EncodedSplit,
-        LearnedExitHead,
-        exit_histogram,
-        load_model,
-        make_rule,
-        per_sample_flops,
-        run_dataset,
-    )
-    from .tasks import load_split
-
-    task = get_task(results["task"])
-    model = model if model is not None else load_model(results["model"])
-    tokenizer = load_tokenizer(results["model"])
-    examples = load_split(task, results.get("data_dir"), split_name)
-    split = EncodedSplit.from_examples(tokenizer, examples, int(results.get("max_length", 128)))
-    batches = split.batches(int(results.get("batch_size", 32)))
-    written = []
-    for name, entry in results["strategies"].items():
-        if strategies is not None and name not in strategies:
-            continue
-        head = lte_head
-        if name == "lte" and head is None:
-            if not results.get("lte_head"):
-                raise ValueError("the result has LTE points but names no LTE head file")
-            head = LearnedExitHead.load(results["lte_head"])
-        params = entry.get("params", {})
-        for point in entry["points"]:
-            tau = point["threshold"]
-            rule = make_rule(
-                name,
-                tau,
-                model.config.num_labels,
-                patience=int(point.get("patience", params.get("patience", 2))),
-                delta=float(point.get("delta", params.get("delta", 0.1))),
-                lte_head=head,
-            )
-            result, _ = run_dataset(model, batches, rule)
-            lte_dim = head.linear.in_features if name == "lte" else 0
-            flops, _ = per_sample_flops(model.config, result, lte_dim)
-            out = Path(directory) / f"{name}_{tau:g}"
-            meta = {
-                "model": results["model"],
-                "task": task.name,
-                "split": split_name,
-                "strategy": name,
-                **{k: v for k, v in point.items() if k in ("threshold", "patience", "delta")},
-                "dev_score": point.get("score"),
-                "test_mean_flops": float(np.mean(flops)),
-                "test_exit_histogram": exit_histogram(result),
-                "num_samples": len(split),
-            }
-            written.append(out)
-            write_submission(
-                out,
-                task,
-                split.index.tolist(),
-                result.predictions.tolist(),
-                result.exit_layers.tolist(),
-                result.lengths.tolist(),
-                flops.tolist(),
-                [result.trace(i) for i in range(len(split))],
-                meta,
-            )
-    return written
 
 
 # -------------------------------------------------------------------------------------------------------------- CLI
@@ -370,7 +236,7 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     """Register `elue-score` on the `python -m finetune` command line."""
     p = subparsers.add_parser(
         "elue-score",
-        help="ELUE score of operating points against a baseline per-exit curve (+ submission files)",
+        help="ELUE score of operating points against a baseline per-exit curve",
         description="score = mean_i (p_i - p_EB(f_i)) per task with p_EB linearly interpolated from the baseline's "
         "points; the benchmark score is the mean over tasks. See finetune/elue.py for the file formats.",
     )
@@ -378,13 +244,7 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     p.add_argument("--points", required=True, nargs="+", help="system points file(s): JSON, CSV or early-exit JSON")
     p.add_argument("--out-of-range", choices=OUT_OF_RANGE, default="clamp")
     p.add_argument("--system", default=None, help="score only this system (e.g. one strategy)")
-    p.add_argument("--out", default=None, help="write the full report as JSON here")
-    p.add_argument(
-        "--write-submission",
-        default=None,
-        metavar="DIR",
-        help="re-run each early-exit operating point of --points on the test split; write ELUE files under DIR",
-    )
+    add_output(p, "write the full report as JSON here", required=False)
     p.set_defaults(func=main)
     return p
 
@@ -395,22 +255,12 @@ def main(args: argparse.Namespace) -> int:
     systems = merge_systems([load_curves(path, role="points") for path in args.points])
     if args.system:
         if args.system not in systems:
-            raise SystemExit(f"no system {args.system!r} in --points (have: {', '.join(systems)})")
+            raise ConfigError(f"no system {args.system!r} in --points (have: {', '.join(systems)})")
         systems = {args.system: systems[args.system]}
     report = {name: elue_score(baseline, tasks, args.out_of_range) for name, tasks in systems.items()}
     for name, entry in report.items():
         print(format_table(name, entry))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=1))
-    if args.write_submission:
-        for path in args.points:
-            if not str(path).endswith(".json"):
-                continue
-            results = json.loads(Path(path).read_text())
-            if not str(results.get("format", "")).startswith("elasticbert-early-exit"):
-                continue
-            chosen = [args.system] if args.system else None
-            written = write_submissions_for_results(results, args.write_submission, strategies=chosen)
-            print(f"{path}: wrote {len(written)} submission directories under {args.write_submission}")
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(args.output, report, indent=1)
     return 0

@@ -16,9 +16,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.cli import add_max_examples, add_output
+from common.io import atomic_write_json, atomic_write_text
 from elasticbert import ElasticBertForSequenceClassification
 
-from .data import encode_examples, load_tokenizer, subsample
+from .data import EncodedSplit, add_data_dir, forward_in_order, load_tokenizer, subsample
+from .model import load_finetuned
+from .plots import plot_layer_curve
 from .tasks import DataError, Example, TaskSpec, get_task, load_split, predictions_from_outputs
 
 
@@ -33,23 +37,21 @@ def predict_exits(
 ) -> tuple[dict[int, np.ndarray], np.ndarray | None]:
     """Logits of every exit for `examples` (in their order) and their labels (None if unlabelled).
 
-    Examples are batched by length (less padding, same results) and put back in order.
+    Examples are batched by token length (less padding, same results) and put back in order.
     """
     model.eval()
     layers = tuple(exits) if exits is not None else model.exit_layers
-    order = sorted(range(len(examples)), key=lambda i: len(examples[i].text_a) + len(examples[i].text_b or ""))
-    chunks: dict[int, list[np.ndarray]] = {layer: [] for layer in layers}
-    for start in range(0, len(order), batch_size):
-        batch = encode_examples(tokenizer, [examples[i] for i in order[start : start + batch_size]], max_length)
-        out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], exit_layers=layers)
-        for layer, logits in zip(out.exit_layers, out.logits):
-            chunks[layer].append(logits.float().numpy())
-    inverse = np.argsort(np.asarray(order))
-    logits = {layer: np.concatenate(parts)[inverse] for layer, parts in chunks.items()}
+    split = EncodedSplit.from_examples(tokenizer, examples, max_length)
+
+    def forward(ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> dict[int, torch.Tensor]:
+        out = model(ids, mask, types, exit_layers=layers)
+        return {layer: logits.float() for layer, logits in zip(out.exit_layers, out.logits)}
+
+    logits, _ = forward_in_order(forward, split.batches(batch_size))
     labels = None
     if all(e.label is not None for e in examples):
         labels = np.asarray([e.label for e in examples])
-    return logits, labels
+    return {layer: values.numpy() for layer, values in logits.items()}, labels
 
 
 def per_exit_scores(
@@ -61,40 +63,12 @@ def per_exit_scores(
     return {layer: task.compute_metrics(values, labels) for layer, values in sorted(logits.items())}
 
 
-def plot_layer_curve(
-    task: TaskSpec, scores: dict[int, dict[str, float]], path: Path, title: str | None = None
-) -> Path:
-    """Main metric per exit layer (and the task's individual metrics when it has several), as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    layers = sorted(scores)
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    ax.plot(layers, [scores[k][task.main_metric] for k in layers], "o-", label=f"{task.main_metric}")
-    if len(task.metrics) > 1:
-        for metric in task.metrics:
-            ax.plot(layers, [scores[k][metric] for k in layers], ".--", alpha=0.6, label=metric)
-    ax.set_xlabel("exit layer")
-    ax.set_ylabel("dev score (%)")
-    ax.set_xticks(layers)
-    ax.set_title(title or task.name)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
 def write_predictions(task: TaskSpec, examples: Sequence[Example], outputs: np.ndarray, path: Path) -> Path:
     """A GLUE-style submission file: header `index\\tprediction`, one row per test example, label names."""
     preds = predictions_from_outputs(task, outputs)
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = ["index\tprediction"] + [f"{e.index}\t{task.label_name(p)}" for e, p in zip(examples, preds)]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    atomic_write_text(path, "\n".join(lines) + "\n")
     return path
 
 
@@ -130,8 +104,6 @@ def evaluate_model(
 
     `max_length` defaults to the training run's (RUN/run_config.json beside RUN/best), else 128.
     """
-    from .model import load_finetuned
-
     model_dir = Path(model_dir)
     if max_length is None:
         run_config = model_dir.parent / "run_config.json"
@@ -142,45 +114,47 @@ def evaluate_model(
         raise DataError(
             f"{model_dir}: model has num_labels={model.config.num_labels}, task {task.name} needs {task.num_labels}"
         )
-    tokenizer = load_tokenizer(model_dir)
-    out_dir = Path(output)
-    out_dir.mkdir(parents=True, exist_ok=True)
     exit_layer = predict_exit or model.exit_layers[-1]
     if exit_layer not in model.exit_layers:
         raise DataError(f"--predict-exit {exit_layer}: the model's exits are {list(model.exit_layers)}")
+    tokenizer = load_tokenizer(model_dir)
+    out_dir = Path(output)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    specs = companion_tasks(task)
     result: dict = {"model": str(model_dir), "exit_layers": list(model.exit_layers), "tasks": {}}
-    for spec in companion_tasks(task):
+    for spec in specs:
+        stem = spec.submission_name or spec.name.replace("/", "_")
         examples = subsample(load_split(spec, data_dir, split), max_examples)
         logits, labels = predict_exits(model, tokenizer, examples, batch_size, max_length)
         scores = per_exit_scores(spec, logits, labels)
+        curve = out_dir / ("layer_curve.png" if len(specs) == 1 else f"layer_curve_{stem}.png")
         entry: dict = {"split": split, "examples": len(examples), "main_metric": spec.main_metric,
-                       "exits": {str(k): v for k, v in scores.items()}}
-        stem = spec.submission_name or spec.name.replace("/", "_")
-        entry["curve"] = str(plot_layer_curve(spec, scores, out_dir / f"layer_curve_{stem}.png"))
+                       "exits": {str(k): v for k, v in scores.items()},
+                       "curve": str(plot_layer_curve(spec, scores, curve))}
         if test:
-            try:
-                test_examples = load_split(spec, data_dir, "test")
-            except DataError as err:
-                entry["test"] = f"skipped: {err}"
-            else:
-                test_logits, _ = predict_exits(model, tokenizer, test_examples, batch_size, max_length)
-                files = [write_predictions(spec, test_examples, test_logits[exit_layer],
-                                           out_dir / "predictions" / f"{stem}.tsv")]
-                if all_exits:
-                    files += [
-                        write_predictions(spec, test_examples, values,
-                                          out_dir / "predictions" / f"layer_{layer}" / f"{stem}.tsv")
-                        for layer, values in test_logits.items()
-                    ]
-                entry["test"] = {"exit": exit_layer, "files": [str(f) for f in files]}
+            entry["test"] = _test_predictions(model, tokenizer, spec, data_dir, out_dir / "predictions", stem,
+                                              exit_layer, all_exits, batch_size, max_length)
         result["tasks"][spec.name] = entry
-    (out_dir / "dev_scores.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    if len(result["tasks"]) == 1:
-        only = next(iter(result["tasks"].values()))
-        Path(only["curve"]).replace(out_dir / "layer_curve.png")
-        only["curve"] = str(out_dir / "layer_curve.png")
-        (out_dir / "dev_scores.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    atomic_write_json(out_dir / "dev_scores.json", result)
     return result
+
+
+def _test_predictions(
+    model: ElasticBertForSequenceClassification, tokenizer: object, spec: TaskSpec, data_dir: str | None,
+    directory: Path, stem: str, exit_layer: int, all_exits: bool, batch_size: int, max_length: int,
+) -> dict | str:
+    """The test split's prediction files (the chosen exit, and every exit with `all_exits`), or why they were
+    skipped (no test file)."""
+    try:
+        examples = load_split(spec, data_dir, "test")
+    except DataError as err:
+        return f"skipped: {err}"
+    logits, _ = predict_exits(model, tokenizer, examples, batch_size, max_length)
+    files = [write_predictions(spec, examples, logits[exit_layer], directory / f"{stem}.tsv")]
+    if all_exits:
+        files += [write_predictions(spec, examples, values, directory / f"layer_{layer}" / f"{stem}.tsv")
+                  for layer, values in logits.items()]
+    return {"exit": exit_layer, "files": [str(f) for f in files]}
 
 
 def add_subparser(subparsers: argparse._SubParsersAction) -> None:
@@ -192,15 +166,17 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", required=True, help="a fine-tuned run's model directory (RUN_DIR/best)")
     p.add_argument("--task", help="task name (default: the one the model was fine-tuned on)")
-    p.add_argument("--data-dir", help="GLUE/ELUE data root (or hf:NAME for the Hugging Face hub)")
-    p.add_argument("--output", required=True)
+    add_data_dir(p)
+    add_output(p, "directory for dev_scores.json, layer_curve.png and predictions/")
     p.add_argument("--split", default="dev")
-    p.add_argument("--no-test", dest="test", action="store_false", help="skip the test prediction files")
+    p.add_argument("--test", action=argparse.BooleanOptionalAction, default=True,
+                   help="write the test prediction files (default: %(default)s)")
     p.add_argument("--predict-exit", type=int, help="exit whose predictions go into the submission (default: last)")
-    p.add_argument("--all-exits", action="store_true", help="also write predictions of every exit")
+    p.add_argument("--all-exits", action=argparse.BooleanOptionalAction, default=False,
+                   help="also write predictions of every exit")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--max-length", type=int, help="default: the training run's, else 128")
-    p.add_argument("--max-examples", type=int, help="score a seeded subset of the split")
+    add_max_examples(p, help="score a seeded random subset of the split")
     p.set_defaults(func=_main)
 
 

@@ -22,13 +22,16 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from common.errors import UserError
 
 SPLITS = ("train", "dev", "test")
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """Bad or missing task data; the message names the file (and line) at fault."""
 
 
@@ -415,14 +418,18 @@ def _load_hub(spec: TaskSpec, split: str, hub: str | None) -> list[Example]:
 # ----------------------------------------------------------------------------------------------------------- metrics
 
 
+def logits_to_predictions(logits: Any) -> Any:
+    """[N, K] logits -> class ids [N]; [N, 1] (regression) -> the value [N]. The one place this is decided; works on
+    numpy arrays and torch tensors alike (argmax returns the first of tied maxima in both)."""
+    return logits[:, 0] if logits.shape[-1] == 1 else logits.argmax(-1)
+
+
 def predictions_from_outputs(task: TaskSpec, preds: Sequence | np.ndarray) -> np.ndarray:
     """Logits -> class ids (classification) or a flat float vector (regression); ids pass through unchanged."""
     arr = np.asarray(preds)
-    if task.is_regression:
-        return arr.reshape(-1).astype(np.float64)
     if arr.ndim == 2:
-        return arr.argmax(axis=-1)
-    return arr.astype(np.int64)
+        arr = logits_to_predictions(arr)
+    return arr.reshape(-1).astype(np.float64) if task.is_regression else arr.astype(np.int64)
 
 
 def _safe(value: float) -> float:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import time
 from collections.abc import Iterator
@@ -25,15 +24,18 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from common.dist import resolve_env
+from common.io import atomic_path, atomic_write_json
 from elasticbert import ElasticBertForSequenceClassification
 
 from .acl_grad import AngleRecord, ExitTerms, gated_backward
 from .config import TrainConfig
 from .data import iterate_batches, load_tokenizer, subsample
-from .evaluation import per_exit_scores, plot_layer_curve, predict_exits
+from .evaluation import per_exit_scores, predict_exits
 from .methods import Phase, build_phases, exit_weights
 from .model import backbone_modules, build_model, exit_modules, exit_parameters, label_embeddings, set_frozen
 from .objectives import acl_cl_loss, acl_embed_loss, kd_loss, scl_loss, task_loss
+from .plots import plot_layer_curve
 from .tasks import Example, TaskSpec, get_task, load_split
 
 ExitOutputs = dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> (representation h^e, logits)
@@ -165,8 +167,8 @@ class Trainer:
         self.cfg, self.task, self.model, self.tokenizer = cfg, task, model, tokenizer
         self.train_examples, self.dev_examples = train, dev
         self.run_dir = Path(cfg.output)
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        env = resolve_env(export=False)
+        self.rank, self.world = env.rank, env.world_size
         self.global_step = 0
         self.history: list[dict] = []
         self.angles: list[dict] = []
@@ -389,25 +391,22 @@ class Trainer:
         }
 
     def save(self, summary: dict) -> None:
-        best_dir = self.run_dir / "best"
-        self.model.save_pretrained(best_dir)
-        self.tokenizer.save_pretrained(best_dir)
-        (self.run_dir / "dev_scores.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        """best/ (model + tokenizer, swapped in whole), dev_scores.json, the layer curve, acl_diagnostics.json."""
+        with atomic_path(self.run_dir / "best") as best_dir:
+            self.model.save_pretrained(best_dir)
+            self.tokenizer.save_pretrained(best_dir)
+        atomic_write_json(self.run_dir / "dev_scores.json", summary)
         if summary["best"]["exits"]:
             scores = {int(k): v for k, v in summary["best"]["exits"].items()}
             plot_layer_curve(self.task, scores, self.run_dir / "layer_curve.png", title=self.run_dir.name)
         if self.angles:
-            (self.run_dir / "acl_diagnostics.json").write_text(
-                json.dumps(self.angle_summary(), indent=1) + "\n", encoding="utf-8"
-            )
+            atomic_write_json(self.run_dir / "acl_diagnostics.json", self.angle_summary(), indent=1)
 
     def _deepspeed(self, optimizer: torch.optim.Optimizer, scheduler: object) -> tuple:
         """Wrap model/optimizer/schedule in a DeepSpeed engine (single process needs no launcher)."""
         import deepspeed
 
-        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
-                           ("MASTER_PORT", "29533")):
-            os.environ.setdefault(key, value)
+        resolve_env()  # exports RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT (rank 0 of 1 without a launcher)
         ds_config = json.loads(Path(self.cfg.deepspeed).read_text(encoding="utf-8"))
         ds_config["train_micro_batch_size_per_gpu"] = self.cfg.batch_size
         ds_config.pop("train_batch_size", None)

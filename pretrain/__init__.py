@@ -1,1 +1,2 @@
-"""Multi-exit MLM+SOP pre-training of ElasticBERT with DeepSpeed: samples, trainer, checkpoints, export."""
+"""Multi-exit MLM+SOP pre-training of ElasticBERT with DeepSpeed: config, corpora and samples, model setup, the
+training loop, checkpoints, export (module map: pretrain/README.md). Uses `data_prep`, `elasticbert` and `common`."""

@@ -5,42 +5,36 @@ RUN/checkpoints/
   global_step{N}_universal/  made on demand when resuming at another world size
   latest                     the tag of the newest *complete* checkpoint
 
-A checkpoint is committed in this order: DeepSpeed files (all ranks) -> client_state.json (rank 0, temp+rename) ->
-barrier -> `latest` (temp+rename) -> prune old tags. A kill at any point leaves `latest` on a complete checkpoint.
+A checkpoint is committed in this order: DeepSpeed files (all ranks) -> client_state.json (rank 0, temp+rename
+through `common.io`) -> barrier -> `latest` (temp+rename) -> prune old tags. A kill at any point leaves `latest` on
+a complete checkpoint.
 `client_state.json` is plain JSON so the launcher-side checks (config hash, world size) run before any process group.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.errors import UserError
+from common.io import atomic_path
+
 CLIENT_STATE = "client_state.json"
 LATEST = "latest"
 TAG_RE = re.compile(r"^global_step(\d+)$")
 
 
-class ResumeError(ValueError):
-    """A checkpoint that must not be resumed from as is (different config, unreadable state)."""
+class ResumeError(UserError):
+    """A checkpoint that must not be resumed from (or exported) as is: different config, unreadable state."""
 
 
 def tag_for(step: int) -> str:
     return f"global_step{step}"
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temporary name in the same directory, fsync, rename: readers see old or new, never half."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def read_latest(ckpt_dir: Path) -> str | None:
@@ -121,7 +115,7 @@ def check_compatible(point: ResumePoint, config_hash: str, config: dict[str, Any
         raise ResumeError(
             f"checkpoint {point.tag} was written under a different config (hash {point.state.get('config_hash')} "
             f"vs {config_hash}); differences:\n{shown}\n"
-            "  Use a new --run-dir, restore the old config, or pass --force-resume to continue anyway."
+            "  Use a new --output, restore the old config, or pass --force-resume to continue anyway."
         )
     return relevant or diffs
 
@@ -149,32 +143,35 @@ def prune(ckpt_dir: Path, keep_last: int) -> list[str]:
     return removed
 
 
+def needs_universal(state: dict[str, Any], world_size: int, zero_stage: int) -> bool:
+    """ZeRO shards are laid out for one data-parallel size: a checkpoint written under another world size or ZeRO
+    stage (with ZeRO on either side) must go through DeepSpeed's universal format."""
+    old_world = int(state.get("world_size", world_size))
+    old_stage = int(state.get("zero_stage", zero_stage))
+    return (old_world != world_size or old_stage != zero_stage) and max(old_stage, zero_stage) > 0
+
+
 def convert_to_universal(ckpt_dir: Path, tag: str) -> str:
     """DeepSpeed universal checkpoint of `tag` (for a resume at another data-parallel size); returns its tag.
 
     Built under a temporary name and renamed, so a crash mid-conversion leaves no half-made universal directory.
     """
+    from deepspeed.checkpoint import ds_to_universal  # heavy: only when a conversion is needed
+
     out_tag = f"{tag}_universal"
     out = ckpt_dir / out_tag
     if (out / "zero").is_dir():
         return out_tag
-    import argparse
-
-    from deepspeed.checkpoint import ds_to_universal
-
-    tmp = ckpt_dir / f".{out_tag}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    args = argparse.Namespace(
-        input_folder=str(ckpt_dir / tag), output_folder=str(tmp), num_extract_workers=1, num_merge_workers=1,
-        keep_temp_folder=False, strict=True, inject_missing_state=True,
-    )
-    ds_to_universal.main(args)
-    for name in (CLIENT_STATE, "export"):
-        src = ckpt_dir / tag / name
-        if src.is_dir():
-            shutil.copytree(src, tmp / name)
-        elif src.is_file():
-            shutil.copy2(src, tmp / name)
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
+    with atomic_path(out) as tmp:
+        args = argparse.Namespace(
+            input_folder=str(ckpt_dir / tag), output_folder=str(tmp), num_extract_workers=1, num_merge_workers=1,
+            keep_temp_folder=False, strict=True, inject_missing_state=True,
+        )
+        ds_to_universal.main(args)
+        for name in (CLIENT_STATE, "export"):
+            src = ckpt_dir / tag / name
+            if src.is_dir():
+                shutil.copytree(src, tmp / name)
+            elif src.is_file():
+                shutil.copy2(src, tmp / name)
     return out_tag

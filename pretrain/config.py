@@ -2,7 +2,8 @@
 
 One dataclass per component (model, data, exits, optim, train, checkpoint, eval, logging) so each part of the
 trainer receives only what it needs, and every key a user can write is declared in exactly one place: an unknown key
-is a typo, not a silent no-op.
+is a typo, not a silent no-op. Fixed choices are `Literal` types; a value outside them is reported with a "did you
+mean" while the YAML is read (`_coerce`), and `validate` checks what the values mean, one component at a time.
 """
 
 from __future__ import annotations
@@ -12,24 +13,24 @@ import difflib
 import hashlib
 import json
 import os
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
+from common.config import choice_problem, field_types, literal_choices, strip_optional
+from common.errors import ConfigError
+from common.io import atomic_write_text
+
+__all__ = [
+    "REPO_ROOT", "CheckpointConfig", "ConfigError", "CorpusConfig", "DataConfig", "EvalConfig", "ExitsConfig",
+    "LoggingConfig", "ModelConfig", "OptimConfig", "RunConfig", "TrainConfig", "config_from_dict", "config_problems",
+    "derive_exit_groups", "load_config", "resolve_path", "save_config", "validate",
+]
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-class ConfigError(ValueError):
-    """A run configuration that cannot work; the message lists every problem found, one per line."""
-
-    def __init__(self, problems: list[str] | str, source: str = "config") -> None:
-        self.problems = [problems] if isinstance(problems, str) else list(problems)
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"invalid {source}:\n{lines}")
 
 
 @dataclass
@@ -84,13 +85,13 @@ class ExitsConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "adamw"  # "adamw" (ZeRO 0-3) or "lamb" (DeepSpeed FusedLamb: CUDA and ZeRO-0 only)
+    name: Literal["adamw", "lamb"] = "adamw"  # lamb: DeepSpeed FusedLamb, CUDA and ZeRO-0 only
     lr: float = 1e-3
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-6
     weight_decay: float = 0.01
     warmup_steps: int = 0
-    decay: str = "linear"  # "linear" | "cosine" | "constant"
+    decay: Literal["linear", "cosine", "constant"] = "linear"
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
 
@@ -102,9 +103,14 @@ class TrainConfig:
     micro_batch_size: int = 32
     seed: int = 1234
     ds_config: str = "ds_configs/zero1_bf16.json"
-    zero_stage: int | None = None  # overrides the JSON's stage (same file, another stage)
-    precision: str = "auto"  # "auto" (the JSON's bf16/fp16 sections) | "fp32" | "bf16" | "fp16"
+    zero_stage: Literal[0, 1, 2, 3] | None = None  # overrides the JSON's stage (same file, another stage)
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: the JSON's bf16/fp16 sections decide
     stop_after_steps: int | None = None  # stop (with a checkpoint) before train_steps; the schedule is unchanged
+
+    def end_step(self) -> int:
+        """The step this run stops at: `train_steps`, or `stop_after_steps` when sooner (the lr schedule still
+        spans `train_steps`)."""
+        return min(self.train_steps, self.stop_after_steps or self.train_steps)
 
 
 @dataclass
@@ -181,47 +187,38 @@ def derive_exit_groups(num_layers: int, num_groups: int) -> list[tuple[int, ...]
 # ------------------------------------------------------------------------------------------------ dict -> dataclass
 
 
+@dataclass
+class _Findings:
+    """What reading a YAML tree into the dataclasses found. A value of the wrong type (or a null where none is
+    allowed) makes `types_sound` false: the checks of meaning in `validate` would trip over it, so they wait until
+    it is fixed. Unknown keys and values outside their `Literal` choices leave every field well-typed."""
+
+    problems: list[str] = field(default_factory=list)
+    types_sound: bool = True
+
+    def wrong_type(self, problem: str) -> None:
+        self.problems.append(problem)
+        self.types_sound = False
+
+    def add(self, problem: str) -> None:
+        self.problems.append(problem)
+
+
 def _is_dataclass_type(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
-def _strip_optional(tp: Any) -> tuple[Any, bool]:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1:
-            return args[0], True
-    return tp, False
-
-
-def _coerce(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
-    """Check/convert one YAML value against a field type; record a readable problem instead of raising."""
-    tp, optional = _strip_optional(tp)
-    if value is None:
-        if not optional:
-            problems.append(f"{key}: must not be null")
-        return None
-    if _is_dataclass_type(tp):
-        if not isinstance(value, dict):
-            problems.append(f"{key}: expected a mapping, got {type(value).__name__}")
-            return tp()
-        return _build(tp, value, key, problems)
-    origin = typing.get_origin(tp)
-    if origin is list:
-        (inner,) = typing.get_args(tp)
-        if not isinstance(value, list | tuple):
-            problems.append(f"{key}: expected a list, got {value!r}")
-            return []
-        return [_coerce(v, inner, f"{key}[{i}]", problems) for i, v in enumerate(value)]
+def _coerce_scalar(value: Any, tp: Any, key: str, found: _Findings) -> Any:
+    """bool / int / float / str: YAML's own types, with the two conversions YAML needs (2.0 -> 2, "1e-3" -> 0.001)."""
     if tp is bool:
         if not isinstance(value, bool):
-            problems.append(f"{key}: expected true/false, got {value!r}")
+            found.wrong_type(f"{key}: expected true/false, got {value!r}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer():
                 return int(value)
-            problems.append(f"{key}: expected an integer, got {value!r}")
+            found.wrong_type(f"{key}: expected an integer, got {value!r}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -230,28 +227,60 @@ def _coerce(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
                     return float(value)  # YAML reads "1e-3" as a string
                 except ValueError:
                     pass
-            problems.append(f"{key}: expected a number, got {value!r}")
+            found.wrong_type(f"{key}: expected a number, got {value!r}")
             return value
         return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            problems.append(f"{key}: expected a string, got {value!r}")
-        return value
+    if tp is str and not isinstance(value, str):
+        found.wrong_type(f"{key}: expected a string, got {value!r}")
     return value
 
 
-def _build(cls: type, data: dict[str, Any], prefix: str, problems: list[str]) -> Any:
+def _coerce_choice(value: Any, choices: tuple[Any, ...], key: str, found: _Findings) -> Any:
+    """A `Literal` field: one of its choices (2.0 counts as 2, true never as 1), else a "did you mean" problem."""
+    for choice in choices:
+        if value == choice and isinstance(value, bool) == isinstance(choice, bool):
+            return choice
+    found.add(choice_problem(key, value, choices)
+              or f"{key}={value!r}; expected one of {', '.join(repr(c) for c in choices)}")
+    return value
+
+
+def _coerce(value: Any, tp: Any, key: str, found: _Findings) -> Any:
+    """Check/convert one YAML value against a field type; record a readable problem instead of raising."""
+    tp, optional = strip_optional(tp)
+    if value is None:
+        if not optional:
+            found.wrong_type(f"{key}: must not be null")
+        return None
+    choices = literal_choices(tp)
+    if choices is not None:
+        return _coerce_choice(value, choices, key, found)
+    if _is_dataclass_type(tp):
+        if not isinstance(value, dict):
+            found.wrong_type(f"{key}: expected a mapping, got {type(value).__name__}")
+            return tp()
+        return _build(tp, value, key, found)
+    if typing.get_origin(tp) is list:
+        (inner,) = typing.get_args(tp)
+        if not isinstance(value, list | tuple):
+            found.wrong_type(f"{key}: expected a list, got {value!r}")
+            return []
+        return [_coerce(v, inner, f"{key}[{i}]", found) for i, v in enumerate(value)]
+    return _coerce_scalar(value, tp, key, found)
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str, found: _Findings) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
+    hints = field_types(cls)
     kwargs = {}
     for key, value in data.items():
         full = f"{prefix}.{key}" if prefix else str(key)
         if key not in fields:
             close = difflib.get_close_matches(str(key), fields, n=1)
             hint = f" (did you mean '{prefix + '.' if prefix else ''}{close[0]}'?)" if close else ""
-            problems.append(f"unknown key '{full}'{hint}; known: {', '.join(fields)}")
+            found.add(f"unknown key '{full}'{hint}; known: {', '.join(fields)}")
             continue
-        kwargs[key] = _coerce(value, hints[key], full, problems)
+        kwargs[key] = _coerce(value, hints[key], full, found)
     return cls(**kwargs)
 
 
@@ -285,51 +314,50 @@ def _apply_override(tree: dict[str, Any], path: list[str], value: Any) -> None:
         node[last] = value
 
 
+def _read_yaml(p: Path) -> dict[str, Any]:
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist")
+    try:
+        loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{p}: top level must be a mapping of sections")
+    return loaded or {}
+
+
 def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> RunConfig:
-    """Read YAML, apply `key=value` overrides (values parsed as YAML), build and validate the typed config."""
-    tree: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {p} does not exist")
-        try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML: {e}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: top level must be a mapping of sections")
-        tree = loaded or {}
+    """Read YAML, apply `key=value` overrides (values parsed as YAML), build and validate the typed config.
+
+    Every problem is reported at once; the checks of meaning run only when every value has its declared type.
+    """
+    tree = _read_yaml(Path(path)) if path is not None else {}
     for item in overrides or []:
         keys, value = _parse_override(item)
         _apply_override(tree, keys, value)
-    problems: list[str] = []
-    cfg = _build(RunConfig, tree, "", problems)
-    if not any("expected" in q or "must not be null" in q for q in problems):  # types are sound: check meaning
-        try:
-            validate(cfg)
-        except ConfigError as e:
-            problems.extend(e.problems)
-    if problems:
-        raise ConfigError(problems, source=str(path or "config"))
+    found = _Findings()
+    cfg = _build(RunConfig, tree, "", found)
+    if found.types_sound:
+        found.problems.extend(config_problems(cfg))
+    if found.problems:
+        raise ConfigError(found.problems, source=str(path or "config"))
     return cfg
 
 
 def config_from_dict(tree: dict[str, Any]) -> RunConfig:
     """Rebuild a config saved with `to_dict` (e.g. RUN/config.yaml)."""
-    problems: list[str] = []
-    cfg = _build(RunConfig, tree, "", problems)
-    if problems:
-        raise ConfigError(problems)
+    found = _Findings()
+    cfg = _build(RunConfig, tree, "", found)
+    if found.problems:
+        raise ConfigError(found.problems, source="config")
     return cfg
 
 
 # ------------------------------------------------------------------------------------------------------ validation
 
 
-def validate(cfg: RunConfig, world_size: int | None = None) -> None:
-    """Every check that needs no data and no process group; `world_size` adds the batch-divisibility check."""
-    p: list[str] = []
-    m, d, x, o, t = cfg.model, cfg.data, cfg.exits, cfg.optim, cfg.train
+def _model_problems(m: ModelConfig) -> list[str]:
+    p = []
     if m.hidden_size <= 0 or m.num_hidden_layers <= 0 or m.num_attention_heads <= 0:
         p.append("model: hidden_size, num_hidden_layers and num_attention_heads must be positive")
     elif m.hidden_size % m.num_attention_heads:
@@ -337,22 +365,33 @@ def validate(cfg: RunConfig, world_size: int | None = None) -> None:
     for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
         if not 0.0 <= getattr(m, name) < 1.0:
             p.append(f"model.{name} must be in [0, 1)")
-    if d.max_seq_len > m.max_position_embeddings and m.init_from is None:
-        p.append(f"data.max_seq_len={d.max_seq_len} exceeds model.max_position_embeddings={m.max_position_embeddings}")
-    if d.max_seq_len < 8:
-        p.append(f"data.max_seq_len={d.max_seq_len} is too short for [CLS] A [SEP] B [SEP]")
+    return p
+
+
+def _corpora_problems(d: DataConfig) -> list[str]:
     if not d.corpora:
-        p.append("data.corpora: at least one prepared corpus is needed (data.corpora: [{path: DIR, weight: 1}])")
+        return ["data.corpora: at least one prepared corpus is needed (data.corpora: [{path: DIR, weight: 1}])"]
+    p = []
     for i, c in enumerate(d.corpora):
         if not c.path:
             p.append(f"data.corpora[{i}].path is empty")
         if not c.weight > 0:
             p.append(f"data.corpora[{i}].weight must be > 0, got {c.weight}")
-    if d.corpora and all(c.weight > 0 for c in d.corpora):
+    if all(c.weight > 0 for c in d.corpora):
         total = sum(c.weight for c in d.corpora)
         for i, c in enumerate(d.corpora):
             if c.weight / total * d.blend_block < 1:
                 p.append(f"data.corpora[{i}].weight={c.weight} is below one sample per blend block of {d.blend_block}")
+    return p
+
+
+def _data_problems(d: DataConfig, m: ModelConfig) -> list[str]:
+    p = []
+    if d.max_seq_len > m.max_position_embeddings and m.init_from is None:
+        p.append(f"data.max_seq_len={d.max_seq_len} exceeds model.max_position_embeddings={m.max_position_embeddings}")
+    if d.max_seq_len < 8:
+        p.append(f"data.max_seq_len={d.max_seq_len} is too short for [CLS] A [SEP] B [SEP]")
+    p += _corpora_problems(d)
     if not 0.0 < d.masked_lm_prob < 1.0:
         p.append("data.masked_lm_prob must be in (0, 1)")
     if not 0.0 <= d.short_seq_prob <= 1.0:
@@ -361,65 +400,83 @@ def validate(cfg: RunConfig, world_size: int | None = None) -> None:
         p.append("data.max_ngram must be >= 1")
     if d.num_workers < 0:
         p.append("data.num_workers must be >= 0")
+    return p
 
-    layers = m.num_hidden_layers
+
+def _explicit_group_problems(groups: list[list[int]], layers: int) -> list[str]:
+    p = []
+    covered: set[int] = set()
+    for gi, g in enumerate(groups):
+        if not g:
+            p.append(f"exits.groups[{gi}] is empty")
+        bad = [layer for layer in g if not 1 <= layer <= layers]
+        if bad:
+            p.append(f"exits.groups[{gi}] has layers {bad} outside 1..{layers}")
+        if layers not in g:
+            p.append(f"exits.groups[{gi}] lacks the top layer {layers} (it belongs to every group)")
+        covered.update(g)
+    missing = sorted(set(range(1, layers + 1)) - covered)
+    if missing:
+        p.append(f"exits.groups miss layers {missing}: every layer's exit must be trained by some group")
+    return p
+
+
+def _exit_problems(x: ExitsConfig, layers: int) -> list[str]:
     if x.last_layer_only and x.groups is not None:
-        p.append("exits.last_layer_only=true and exits.groups are exclusive: pick one")
-    elif x.last_layer_only:
-        pass  # one group, the top layer: valid for any depth
-    elif x.groups is not None:
-        covered: set[int] = set()
-        for gi, g in enumerate(x.groups):
-            if not g:
-                p.append(f"exits.groups[{gi}] is empty")
-            bad = [layer for layer in g if not 1 <= layer <= layers]
-            if bad:
-                p.append(f"exits.groups[{gi}] has layers {bad} outside 1..{layers}")
-            if layers not in g:
-                p.append(f"exits.groups[{gi}] lacks the top layer {layers} (it belongs to every group)")
-            covered.update(g)
-        missing = sorted(set(range(1, layers + 1)) - covered)
-        if missing:
-            p.append(f"exits.groups miss layers {missing}: every layer's exit must be trained by some group")
-    elif not 1 <= x.num_groups <= max(layers - 1, 1):
-        p.append(f"exits.num_groups={x.num_groups} must be within 1..{max(layers - 1, 1)} for {layers} layers "
-                 "(a group with only the top layer would leave no intermediate exit)")
+        return ["exits.last_layer_only=true and exits.groups are exclusive: pick one"]
+    if x.last_layer_only:
+        return []  # one group, the top layer: valid for any depth
+    if x.groups is not None:
+        return _explicit_group_problems(x.groups, layers)
+    if not 1 <= x.num_groups <= max(layers - 1, 1):
+        return [f"exits.num_groups={x.num_groups} must be within 1..{max(layers - 1, 1)} for {layers} layers "
+                "(a group with only the top layer would leave no intermediate exit)"]
+    return []
 
-    if o.name not in ("adamw", "lamb"):
-        p.append(f"optim.name={o.name!r}; expected 'adamw' or 'lamb'")
+
+def _optim_problems(o: OptimConfig, train_steps: int) -> list[str]:
+    p = []
     if not o.lr > 0:
         p.append("optim.lr must be > 0")
     if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
         p.append(f"optim.betas={o.betas} must be two numbers in [0, 1)")
-    if o.decay not in ("linear", "cosine", "constant"):
-        p.append(f"optim.decay={o.decay!r}; expected linear, cosine or constant")
-    if o.warmup_steps < 0 or o.warmup_steps > t.train_steps:
-        p.append(f"optim.warmup_steps={o.warmup_steps} must be within 0..train.train_steps={t.train_steps}")
+    if o.warmup_steps < 0 or o.warmup_steps > train_steps:
+        p.append(f"optim.warmup_steps={o.warmup_steps} must be within 0..train.train_steps={train_steps}")
     if not 0.0 <= o.min_lr_ratio <= 1.0:
         p.append("optim.min_lr_ratio must be in [0, 1]")
     if o.grad_clip < 0:
         p.append("optim.grad_clip must be >= 0 (0 = off)")
+    return p
 
+
+def _batch_problems(t: TrainConfig, world_size: int | None) -> list[str]:
+    if t.global_batch_size <= 0 or t.micro_batch_size <= 0:
+        return ["train.global_batch_size and train.micro_batch_size must be > 0"]
+    if t.global_batch_size % t.micro_batch_size:
+        return [f"train.global_batch_size={t.global_batch_size} is not divisible by "
+                f"train.micro_batch_size={t.micro_batch_size}"]
+    if world_size is not None and t.global_batch_size % (t.micro_batch_size * world_size):
+        hint = t.global_batch_size // world_size if t.global_batch_size % world_size == 0 else "it"
+        return [f"train.global_batch_size={t.global_batch_size} is not divisible by micro_batch_size × world_size "
+                f"= {t.micro_batch_size} × {world_size}; pick a micro-batch that divides {hint}"]
+    return []
+
+
+def _train_problems(t: TrainConfig, o: OptimConfig, world_size: int | None) -> list[str]:
+    p = []
     if t.train_steps <= 0:
         p.append("train.train_steps must be > 0")
-    if t.global_batch_size <= 0 or t.micro_batch_size <= 0:
-        p.append("train.global_batch_size and train.micro_batch_size must be > 0")
-    elif t.global_batch_size % t.micro_batch_size:
-        p.append(f"train.global_batch_size={t.global_batch_size} is not divisible by "
-                 f"train.micro_batch_size={t.micro_batch_size}")
-    elif world_size is not None and t.global_batch_size % (t.micro_batch_size * world_size):
-        p.append(f"train.global_batch_size={t.global_batch_size} is not divisible by micro_batch_size × world_size "
-                 f"= {t.micro_batch_size} × {world_size}; pick a micro-batch that divides "
-                 f"{t.global_batch_size // world_size if t.global_batch_size % world_size == 0 else 'it'}")
-    if t.zero_stage is not None and t.zero_stage not in (0, 1, 2, 3):
-        p.append(f"train.zero_stage={t.zero_stage}; expected 0, 1, 2 or 3")
-    if t.precision not in ("auto", "fp32", "bf16", "fp16"):
-        p.append(f"train.precision={t.precision!r}; expected auto, fp32, bf16 or fp16")
+    p += _batch_problems(t, world_size)
     if t.stop_after_steps is not None and t.stop_after_steps <= 0:
         p.append("train.stop_after_steps must be > 0")
     if o.name == "lamb" and t.zero_stage not in (None, 0):
         p.append("optim.name=lamb needs ZeRO stage 0: ZeRO partitions flattened parameters, so LAMB's per-tensor "
                  "trust ratio would be computed over arbitrary shards (DeepSpeed lists FusedLamb as unsupported)")
+    return p
+
+
+def _cadence_problems(cfg: RunConfig) -> list[str]:
+    p = []
     if cfg.checkpoint.interval <= 0:
         p.append("checkpoint.interval must be > 0")
     if cfg.checkpoint.keep_last < 1:
@@ -428,15 +485,31 @@ def validate(cfg: RunConfig, world_size: int | None = None) -> None:
         p.append("eval.interval and eval.max_samples must be >= 0")
     if cfg.logging.tb_interval <= 0:
         p.append("logging.tb_interval must be > 0")
-    if p:
-        raise ConfigError(p)
+    return p
+
+
+def config_problems(cfg: RunConfig, world_size: int | None = None) -> list[str]:
+    """Every problem of meaning that needs no data and no process group (types are assumed sound)."""
+    return [
+        *_model_problems(cfg.model),
+        *_data_problems(cfg.data, cfg.model),
+        *_exit_problems(cfg.exits, cfg.model.num_hidden_layers),
+        *_optim_problems(cfg.optim, cfg.train.train_steps),
+        *_train_problems(cfg.train, cfg.optim, world_size),
+        *_cadence_problems(cfg),
+    ]
+
+
+def validate(cfg: RunConfig, world_size: int | None = None) -> None:
+    """Raise ConfigError listing `config_problems`; `world_size` adds the batch-divisibility check."""
+    problems = config_problems(cfg, world_size)
+    if problems:
+        raise ConfigError(problems)
 
 
 def save_config(cfg: RunConfig, path: Path) -> None:
-    """Write the resolved config (temp + rename), so a run directory says exactly what ran."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
-    os.replace(tmp, path)
+    """Write the resolved config atomically, so a run directory says exactly what ran."""
+    atomic_write_text(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
 def resolve_path(path: str, base: Path | None = None) -> Path:

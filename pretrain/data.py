@@ -2,7 +2,8 @@
 
 - `build_sample_index`: per document, consecutive sentences packed up to a target length (max_seq_len - 3, or with
   probability short_seq_prob a shorter random one). Row = (doc, first sentence, end sentence, target length).
-  Deterministic given (corpus, max_seq_len, short_seq_prob, seed), cached as .npy beside the data (temp + rename).
+  Deterministic given (corpus, max_seq_len, short_seq_prob, seed), cached as .npy beside the data (written
+  atomically, `common.io.atomic_path`).
   Every rank that misses the cache builds it itself, in memory, deterministically: no rank waits on another.
 - `PretrainingDataset[i]`: an RNG seeded by (seed, corpus, i) picks the A/B split, the swap (SOP label), the
   truncation and the masking, so sample i is the same whatever the number of workers, ranks or restarts.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +22,8 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
+
+from common.io import atomic_path
 
 INDEX_VERSION = 1
 IGNORE_INDEX = -100
@@ -108,10 +110,8 @@ def load_or_build_index(
         path = Path(d) / name
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{name}.tmp{os.getpid()}")
-            with open(tmp, "wb") as f:
+            with atomic_path(path) as tmp, open(tmp, "wb") as f:
                 np.save(f, index)
-            os.replace(tmp, path)
             return index, path, True
         except OSError:
             continue
@@ -419,6 +419,12 @@ class RankBatches:
                 corpus, sample = self.order(self.micro_positions(step, m))
                 yield list(zip(corpus.tolist(), sample.tolist()))
             step += 1
+
+
+def batch_digest(order: SampleOrder, step: int, global_batch: int) -> str:
+    """A short hash of the samples of global batch `step` (logged per step: runs that read the same data agree)."""
+    corpus, sample = order(np.arange(step * global_batch, (step + 1) * global_batch))
+    return hashlib.sha1(np.stack([corpus, sample]).tobytes()).hexdigest()[:16]
 
 
 class BlendedDataset(torch.utils.data.Dataset):

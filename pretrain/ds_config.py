@@ -16,6 +16,7 @@ from typing import Any
 from .config import REPO_ROOT, ConfigError, RunConfig, resolve_path
 
 AUTO = "auto"
+OPTIMIZER_TYPES = {"adamw": "AdamW", "lamb": "Lamb"}  # optim.name -> DeepSpeed's optimizer.type
 
 
 @dataclass(frozen=True)
@@ -89,8 +90,7 @@ def fill_ds_config(
         problems.append("the DeepSpeed JSON has a 'scheduler': the lr schedule lives in the run config (optim.*), "
                         "computed from the step so resume needs no scheduler state")
     opt = ds.setdefault("optimizer", {"type": AUTO, "params": {}})
-    _fill(opt, "type", {"adamw": "AdamW", "lamb": "Lamb"}[o.name] if o.name in ("adamw", "lamb") else o.name,
-          "optimizer", problems)
+    _fill(opt, "type", OPTIMIZER_TYPES.get(o.name, o.name), "optimizer", problems)
     params = opt.setdefault("params", {})
     _fill(params, "lr", float(o.lr), "optimizer.params", problems)
     _fill(params, "betas", [float(b) for b in o.betas], "optimizer.params", problems)

@@ -2,18 +2,21 @@
 
 Weights come from DeepSpeed's own consolidation (`zero_to_fp32`: the fp32 master copy in the optimizer partitions,
 so a bf16 run exports its fp32 weights); ZeRO-0 checkpoints have no partitions and use the module state. The result
-is written to a temporary sibling directory and renamed, so a failed export leaves no half-written model.
+is written to a temporary sibling directory and renamed (`common.io.atomic_path`), so a failed export leaves no
+half-written model.
 """
 
 from __future__ import annotations
 
 import glob
 import json
-import os
 import shutil
 from pathlib import Path
 
 import torch
+
+from common.io import atomic_path
+from elasticbert import ElasticBertConfig, ElasticBertForPreTraining  # (importing elasticbert registers Auto*)
 
 from .checkpoint import CLIENT_STATE, ResumeError, read_client_state, resolve_tag
 
@@ -35,9 +38,6 @@ def consolidated_state_dict(ckpt_dir: Path, tag: str) -> dict[str, torch.Tensor]
 def export(ckpt_dir: Path, tag: str | None, output: Path, overwrite: bool = False) -> Path:
     """Write `output` (safetensors + config + tokenizer files); returns it. Refuses to replace an existing
     non-empty directory unless `overwrite`."""
-    import elasticbert  # noqa: F401  (registers the Auto* classes)
-    from elasticbert import ElasticBertConfig, ElasticBertForPreTraining
-
     ckpt_dir = Path(ckpt_dir)
     if not ckpt_dir.is_dir():
         raise ResumeError(f"{ckpt_dir} is not a directory (expected RUN/checkpoints)")
@@ -63,20 +63,14 @@ def export(ckpt_dir: Path, tag: str | None, output: Path, overwrite: bool = Fals
         raise ResumeError(f"{ckpt_dir / tag}: weights do not match the saved config: missing {missing[:5]}, "
                           f"unexpected {unexpected[:5]}")
     model.tie_weights()
-    tmp = output.with_name(f".{output.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp), safe_serialization=True)
-    tok = export_files / "tokenizer"
-    if tok.is_dir():
-        for f in tok.iterdir():
-            if f.is_file() and not (tmp / f.name).exists():
-                shutil.copy2(f, tmp / f.name)
     info = read_client_state(ckpt_dir, tag) if (ckpt_dir / tag / CLIENT_STATE).is_file() else {}
-    (tmp / "pretrain_info.json").write_text(
-        json.dumps({"tag": tag, "step": info.get("step"), "consumed_samples":
-                                  info.get("consumed_samples"), "config_hash": info.get("config_hash")}, indent=2)
-    )
-    if output.exists():
-        shutil.rmtree(output)
-    os.replace(tmp, output)
+    with atomic_path(output) as tmp:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tok = export_files / "tokenizer"
+        if tok.is_dir():
+            for f in tok.iterdir():
+                if f.is_file() and not (tmp / f.name).exists():
+                    shutil.copy2(f, tmp / f.name)
+        (tmp / "pretrain_info.json").write_text(json.dumps(
+            {"tag": tag, **{k: info.get(k) for k in ("step", "consumed_samples", "config_hash")}}, indent=2))
     return output

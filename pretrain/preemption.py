@@ -10,7 +10,10 @@ from __future__ import annotations
 import signal
 from types import FrameType
 
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "try again later"
+from common.errors import EXIT_PREEMPTED
+
+__all__ = ["EXIT_PREEMPTED", "HANDLED", "PreemptionFlag", "ignore_preemption_signals"]
+
 HANDLED = (signal.SIGTERM, signal.SIGUSR1)
 
 
@@ -37,3 +40,10 @@ class PreemptionFlag:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+
+
+def ignore_preemption_signals(_worker_id: int) -> None:
+    """DataLoader `worker_init_fn`: workers share the job's process group, and a preemption SIGTERM must not kill
+    them while the trainer saves."""
+    for sig in HANDLED:
+        signal.signal(sig, signal.SIG_IGN)

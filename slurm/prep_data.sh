@@ -3,14 +3,14 @@
 # data_prep units), then merge the shards with ONE dependent job that runs only if every array task succeeded.
 #
 # Submit both jobs at once (prints "<array job id> <finalize job id>"):
-#   bash slurm/prep_data.sh submit [SBATCH OPTIONS...] -- INPUTS... --out OUT --tokenizer VOCAB [TOKENIZE OPTIONS...]
-#   PREP_TASKS=64 bash slurm/prep_data.sh submit -p cpu -- data/raw/*.txt --out data/tok --tokenizer vocab.txt
+#   bash slurm/prep_data.sh submit [SBATCH OPTIONS...] -- INPUTS... --output OUT --tokenizer VOCAB [TOKENIZE OPTIONS...]
+#   PREP_TASKS=64 bash slurm/prep_data.sh submit -p cpu -- data/raw/*.txt --output data/tok --tokenizer vocab.txt
 # which is this pattern, by hand:
-#   A=$(sbatch --parsable --array=0-31 slurm/prep_data.sh INPUTS... --out OUT --tokenizer VOCAB)
+#   A=$(sbatch --parsable --array=0-31 slurm/prep_data.sh INPUTS... --output OUT --tokenizer VOCAB)
 #   sbatch --dependency=afterok:$A --kill-on-invalid-dep=yes --job-name=eb-prep-finalize slurm/prep_data.sh finalize OUT
 #
 # In an array task it runs
-#   python -m data_prep tokenize INPUTS... --out OUT --tokenizer VOCAB --num-tasks J --task-index j
+#   python -m data_prep tokenize INPUTS... --output OUT --tokenizer VOCAB --num-tasks J --task-index j
 # with J = SLURM_ARRAY_TASK_COUNT and j = this task's position in the array (0..J-1; --array=0-31 gives j = the
 # task id). With PREP_NUM_TASKS set, J = PREP_NUM_TASKS and j = SLURM_ARRAY_TASK_ID, to re-run chosen tasks of a run:
 #   PREP_NUM_TASKS=32 sbatch --array=5,17 slurm/prep_data.sh ...same args...
@@ -44,17 +44,17 @@ if [ "${1:-}" = submit ]; then
   shift
   sbatch_opts=()
   while [ $# -gt 0 ] && [ "$1" != -- ]; do sbatch_opts+=("$1"); shift; done
-  [ "${1:-}" = -- ] || eb_die "usage: $0 submit [SBATCH OPTIONS...] -- INPUTS... --out OUT --tokenizer VOCAB [...]"
+  [ "${1:-}" = -- ] || eb_die "usage: $0 submit [SBATCH OPTIONS...] -- INPUTS... --output OUT --tokenizer VOCAB [...]"
   shift
   out=""
   args=("$@")
   for ((i = 0; i < ${#args[@]}; i++)); do
     case ${args[$i]} in
-      --out) out=${args[$((i + 1))]:-} ;;
-      --out=*) out=${args[$i]#--out=} ;;
+      --output) out=${args[$((i + 1))]:-} ;;
+      --output=*) out=${args[$i]#--output=} ;;
     esac
   done
-  [ -n "$out" ] || eb_die "submit: the tokenize arguments need --out OUT"
+  [ -n "$out" ] || eb_die "submit: the tokenize arguments need --output OUT"
   script=$EB_ROOT/slurm/prep_data.sh
   array_id=$(sbatch --parsable --array="0-$((${PREP_TASKS:-32} - 1))" --output=%x-%A_%a.out "${sbatch_opts[@]}" \
     "$script" "$@")
@@ -84,7 +84,7 @@ if [ "${1:-}" = finalize ]; then
   exec "$EB_PYTHON" -m "$DATA_PREP_MODULE" finalize "$@"
 fi
 
-[ $# -ge 1 ] || eb_die "usage: sbatch --array=0-31 $0 INPUTS... --out OUT --tokenizer VOCAB [...] (or: $0 submit ...)"
+[ $# -ge 1 ] || eb_die "usage: sbatch --array=0-31 $0 INPUTS... --output OUT --tokenizer VOCAB [...] (or: $0 submit)"
 if [ -n "${SLURM_ARRAY_TASK_ID:-}" ] && [ -n "${PREP_NUM_TASKS:-}" ]; then # partial re-run: ids are indices
   num_tasks=$PREP_NUM_TASKS task_index=$SLURM_ARRAY_TASK_ID
 elif [ -n "${SLURM_ARRAY_TASK_ID:-}" ]; then # position in the array (like data_prep's own SLURM_ARRAY_* reading)

@@ -10,11 +10,12 @@
 # Env (sbatch exports the submitting shell's environment; relative paths are relative to the repository root):
 #   CONFIG        model/training config                       [configs/elasticbert_base.yaml]
 #   DS_CONFIG     DeepSpeed config overriding the one the run config names [empty: the run config decides]
-#   RUN_DIR       checkpoints/logs; keep it the same to resume [runs/<config file stem>]
+#   RUN_DIR       the run directory (the trainer's --output): checkpoints/logs; keep it the same to resume
+#                 [runs/<config file stem>]
 #   PRETRAIN_MODULE  python module run as `python -m MODULE train ...` [pretrain] (tests use a stand-in)
 #   + the knobs of slurm/common.sh (EB_VENV, EB_SIGNALS, EB_MAX_RESTARTS, EB_RANK_LOGS, ...).
 # Extra arguments are passed to the trainer:
-#   python -m pretrain train --config CONFIG --run-dir RUN_DIR [--ds-config DS_CONFIG] [ARGS...]
+#   python -m pretrain train --config CONFIG --output RUN_DIR [--ds-config DS_CONFIG] [ARGS...]
 # with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT in the environment of each task.
 #
 # Preemption: Slurm sends SIGUSR1 to this script 300 s before the time limit (--signal=B:USR1@300); it is forwarded to
@@ -50,7 +51,7 @@ RUN_DIR=${RUN_DIR:-runs/$(basename "${CONFIG%.*}")}
 PRETRAIN_MODULE=${PRETRAIN_MODULE:-pretrain}
 [ -f "$CONFIG" ] || eb_die "config $CONFIG not found (relative to $EB_ROOT)"
 [ -z "$DS_CONFIG" ] || [ -f "$DS_CONFIG" ] || eb_die "DeepSpeed config $DS_CONFIG not found (relative to $EB_ROOT)"
-train_args=(train --config "$CONFIG" --run-dir "$RUN_DIR")
+train_args=(train --config "$CONFIG" --output "$RUN_DIR")
 [ -z "$DS_CONFIG" ] || train_args+=(--ds-config "$DS_CONFIG")
 
 eb_rendezvous

@@ -11,12 +11,12 @@ from data_prep.stats import corpus_stats
 def test_all_commands(tmp_path, dp, vocab, wikitext, gutenberg):
     out = tmp_path / "out"
     book = str(gutenberg / "1952-0.txt")
-    r = dp.run_cli("train-tokenizer", "--out", str(out), "--vocab", str(vocab))
+    r = dp.run_cli("train-tokenizer", "--output", str(out), "--vocab", str(vocab))
     assert r.returncode == 0, r.stderr
     assert "wordpiece tokenizer, vocab 30522" in r.stdout
 
     # array task 1 of 2 (as Slurm would start it), then task 0, then finalize
-    common = ["tokenize", str(wikitext), book, "--out", str(out), "--unit-size", "256K", "--shard-tokens", "200K",
+    common = ["tokenize", str(wikitext), book, "--output", str(out), "--unit-size", "256K", "--shard-tokens", "200K",
               "--workers", "2", "--no-progress"]
     r = dp.run_cli(*common, env={"SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_ID": "1"})
     assert r.returncode == 0, r.stderr
@@ -50,18 +50,18 @@ def test_all_commands(tmp_path, dp, vocab, wikitext, gutenberg):
 
 def test_train_tokenizer_cli_and_tokenize_with_it(tmp_path, dp, gutenberg):
     out = tmp_path / "out"
-    r = dp.run_cli("train-tokenizer", str(gutenberg / "11-0.txt"), "--out", str(out), "--kind", "unigram",
+    r = dp.run_cli("train-tokenizer", str(gutenberg / "11-0.txt"), "--output", str(out), "--kind", "unigram",
                    "--vocab-size", "1500", "--threads", "1")
     assert r.returncode == 0, r.stderr
     meta = json.loads((out / "tokenizer" / "data_prep_tokenizer.json").read_text())
     assert meta["kind"] == "unigram" and meta["special_ids"]["pad"] == 0
-    r = dp.run_cli("tokenize", str(gutenberg / "11-0.txt"), "--out", str(out), "--workers", "1", "--no-progress")
+    r = dp.run_cli("tokenize", str(gutenberg / "11-0.txt"), "--output", str(out), "--workers", "1", "--no-progress")
     assert r.returncode == 0, r.stderr
     c = PreparedCorpus(out)
     assert c.vocab_size == meta["vocab_size"] and int(max(c.sentence(i).max() for i in range(50))) < 1500
     assert dp.run_cli("verify", str(out)).returncode == 0
     # a second training into the same directory is refused, the tokenizer stays
-    r = dp.run_cli("train-tokenizer", str(gutenberg / "11-0.txt"), "--out", str(out), "--kind", "bpe")
+    r = dp.run_cli("train-tokenizer", str(gutenberg / "11-0.txt"), "--output", str(out), "--kind", "bpe")
     assert r.returncode == 2 and "already exists" in r.stderr
     assert json.loads((out / "tokenizer" / "data_prep_tokenizer.json").read_text()) == meta
 
@@ -69,9 +69,9 @@ def test_train_tokenizer_cli_and_tokenize_with_it(tmp_path, dp, gutenberg):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["tokenize", "/nonexistent/file.txt", "--out", "{tmp}/o", "--tokenizer", "{vocab}"], "input not found"),
-        (["tokenize", "{book}", "--out", "{tmp}/o"], "no tokenizer"),
-        (["tokenize", "{book}", "--out", "{tmp}/o", "--tokenizer", "{vocab}", "--valid-fraction", "1.5"],
+        (["tokenize", "/nonexistent/file.txt", "--output", "{tmp}/o", "--tokenizer", "{vocab}"], "input not found"),
+        (["tokenize", "{book}", "--output", "{tmp}/o"], "no tokenizer"),
+        (["tokenize", "{book}", "--output", "{tmp}/o", "--tokenizer", "{vocab}", "--valid-fraction", "1.5"],
          "--valid-fraction must be in [0, 1)"),
         (["finalize", "{tmp}/o"], "nothing to finalize"),
     ],
@@ -95,3 +95,65 @@ def test_stats_api(small_prepared, tmp_path):
 
     assert tr["tokens_per_sentence"]["p50"] == int(np.percentile(lengths, 50, method="inverted_cdf"))
     assert (tmp_path / "plots" / "train_lengths.png").stat().st_size > 1000
+
+
+def test_parser_follows_the_cli_convention():
+    """`--output`, `--x/--no-x` booleans (the old `--no-x` spellings still work), defaults and choices from the
+    config dataclasses."""
+    import dataclasses
+    import typing
+
+    from data_prep.__main__ import build_parser
+    from data_prep.plan import PrepConfig
+    from data_prep.tokenizer import KINDS, TokenizerTraining
+
+    parser = build_parser()
+    args = parser.parse_args(["tokenize", "a.txt", "--output", "o"])
+    assert args.output == "o" and args.progress and args.rehash and args.finalize is None
+    assert args.strip_gutenberg and not args.allow_empty
+    for f in dataclasses.fields(PrepConfig):
+        assert getattr(args, f.name) == f.default, f.name
+    args = parser.parse_args(["tokenize", "a.txt", "--output", "o", "--no-progress", "--no-rehash", "--no-finalize",
+                              "--no-strip-gutenberg", "--allow-empty", "--doc-boundary", "file", "--unit-size", "64K"])
+    assert (args.progress, args.rehash, args.finalize, args.strip_gutenberg, args.allow_empty) == (
+        False, False, False, False, True)
+    assert (args.doc_boundary, args.unit_bytes) == ("file", 64 << 10)
+    assert parser.parse_args(["tokenize", "a.txt", "--output", "o", "--finalize"]).finalize is True
+
+    actions = {a.dest: a for a in parser._subparsers._group_actions[0].choices["tokenize"]._actions}
+    hints = typing.get_type_hints(PrepConfig)
+    assert tuple(actions["doc_boundary"].choices) == typing.get_args(hints["doc_boundary"])
+    assert tuple(actions["on_decode_error"].choices) == typing.get_args(hints["on_decode_error"])
+
+    args = parser.parse_args(["train-tokenizer", "a.txt", "--output", "o", "--cased"])
+    assert args.cased and (args.kind, args.vocab_size) == (TokenizerTraining.kind, TokenizerTraining.vocab_size)
+    assert not parser.parse_args(["train-tokenizer", "--output", "o", "--no-cased"]).cased
+    tt = parser._subparsers._group_actions[0].choices["train-tokenizer"]
+    assert tuple(next(a for a in tt._actions if a.dest == "kind").choices) == KINDS
+
+    assert parser.parse_args(["stats", "d"]).output is None
+    assert (parser.parse_args(["stats", "d", "--output", "p"]).directory,
+            parser.parse_args(["stats", "d", "--output", "p"]).output) == ("d", "p")
+    assert parser.parse_args(["finalize", "d"]).directory == "d"
+
+
+def test_stats_output_and_one_line_errors(small_prepared, tmp_path, capsys, monkeypatch):
+    import data_prep.__main__ as M
+    from data_prep.errors import DataPrepError
+
+    assert M.main(["stats", str(small_prepared), "--output", str(tmp_path / "p")]) == 0
+    assert json.loads((tmp_path / "p" / "stats.json").read_text())["splits"]["train"]["docs"] > 0
+    capsys.readouterr()
+
+    def multi_line(args):
+        raise DataPrepError("first line\nsecond line")
+
+    monkeypatch.setitem(M.COMMANDS, "finalize", multi_line)
+    assert M.main(["finalize", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == "data_prep: error: first line second line\n"
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(M.COMMANDS, "finalize", interrupted)
+    assert M.main(["finalize", str(tmp_path)]) == 130

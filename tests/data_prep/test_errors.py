@@ -19,8 +19,18 @@ def _jsonl(path, records):
     return path
 
 
-def test_error_type_is_a_value_error():
-    assert issubclass(DataPrepError, ValueError)
+def test_error_type_is_a_user_error():
+    from common.errors import EXIT_USER_ERROR, UserError
+
+    assert issubclass(DataPrepError, UserError) and issubclass(DataPrepError, ValueError)
+    assert DataPrepError("x").exit_code == EXIT_USER_ERROR
+
+
+def test_fixed_choices_are_checked_with_a_hint(tmp_path, vocab, small_books):
+    with pytest.raises(DataPrepError, match=r"--doc-boundary='lines' \(did you mean 'line'\?\)"):
+        tokenize_corpus(small_books[:1], tmp_path / "o", tokenizer=vocab, doc_boundary="lines", **TINY)
+    with pytest.raises(DataPrepError, match=r"--on-decode-error='ignore'.*expected one of 'replace', 'fail'"):
+        tokenize_corpus(small_books[:1], tmp_path / "o", tokenizer=vocab, on_decode_error="ignore", **TINY)
 
 
 def test_undecodable_bytes_replace_and_count(tmp_path, vocab):

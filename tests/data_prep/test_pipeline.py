@@ -173,7 +173,7 @@ def test_sigkill_and_resume_equals_a_clean_run(dp, tmp_path, medium_books, vocab
     assert n_units >= 30
 
     out = tmp_path / "killed"
-    args = [sys.executable, "-m", "data_prep", "tokenize", *medium_books, "--out", str(out), "--tokenizer",
+    args = [sys.executable, "-m", "data_prep", "tokenize", *medium_books, "--output", str(out), "--tokenizer",
             str(vocab), "--unit-size", "32K", "--shard-tokens", "60000", "--valid-fraction", "0.02",
             "--workers", "2", "--no-progress"]
     env = {**os.environ, "PYTHONPATH": str(dp.REPO)}
@@ -255,7 +255,7 @@ def test_changed_and_added_inputs_reuse_other_units(dp, tmp_path, small_books, v
 def test_file_mode_documents_are_whole_books(dp, tmp_path, small_books, vocab, monkeypatch):
     """--doc-boundary file: one document per book (read paragraph by paragraph), the same sentences and tokens as
     paragraph documents; identical whatever the batch size (documents carried across batches)."""
-    import data_prep.pipeline as P
+    import data_prep.workers as W
 
     settings = dict(unit_bytes=1 << 20, shard_tokens=1 << 20, valid_fraction=0.0)
     para = tokenize_corpus(small_books, tmp_path / "para", tokenizer=vocab, doc_boundary="blank", **settings)
@@ -266,7 +266,7 @@ def test_file_mode_documents_are_whole_books(dp, tmp_path, small_books, vocab, m
     np.testing.assert_array_equal(a.sentence_lengths, b.sentence_lengths)
     np.testing.assert_array_equal(a.doc_tokens(0), b.sentence(0))
     assert b.doc_sentence_range(2)[1] == b.num_sentences
-    monkeypatch.setattr(P, "BATCH_CHARS", 3000)  # many batches: every book spans dozens of them
+    monkeypatch.setattr(W, "BATCH_CHARS", 3000)  # many batches: every book spans dozens of them
     small = tokenize_corpus(small_books, tmp_path / "file_small_batches", tokenizer=vocab, doc_boundary="file",
                             **settings)
     assert small == whole
@@ -275,3 +275,26 @@ def test_file_mode_documents_are_whole_books(dp, tmp_path, small_books, vocab, m
     cut = tokenize_corpus(small_books, tmp_path / "cut", tokenizer=vocab, doc_boundary="file",
                           max_doc_bytes=20_000, **settings)
     assert cut["totals"]["sentences"] == para["totals"]["sentences"] and 10 <= cut["totals"]["docs"] <= 14
+
+
+def test_a_unit_finished_meanwhile_is_kept_and_a_broken_one_is_redone(tmp_path, small_books, vocab):
+    """The rename of a finished unit meets a unit dir already there: a complete one (a concurrent run of the same
+    task) is kept untouched, a broken one is replaced; no temporary directory is left either way."""
+    from data_prep.plan import load_unit, unit_dir, unit_keys
+    from data_prep.workers import UnitContext, process_unit
+
+    out = tmp_path / "o"
+    tokenize_corpus(small_books[:1], out, tokenizer=vocab, finalize=False, **SMALL)
+    plan = json.loads((out / ".work" / "plan.json").read_text())["plan"]
+    keys = unit_keys(plan)
+    ctx = UnitContext(out, plan, keys, out / "tokenizer")
+    enc = Encoder(out / "tokenizer")
+    d = unit_dir(out, keys[0])
+    before = {p.name: p.stat().st_ino for p in d.iterdir()}
+    assert process_unit(0, ctx, enc)["unit_key"] == keys[0]
+    assert {p.name: p.stat().st_ino for p in d.iterdir()} == before
+    (d / "train_000.bin").write_bytes(b"")
+    assert load_unit(out, keys[0], rehash=False) is None
+    process_unit(0, ctx, enc)
+    assert load_unit(out, keys[0], rehash=True) is not None
+    assert not list(d.parent.glob("*.tmp*"))

@@ -162,3 +162,9 @@ def test_cap_sentences():
     counts = np.array([2, 0, 1])
     new_lens, new_counts = _cap_sentences(lens, counts, 4)
     assert new_lens.tolist() == [3, 4, 4, 2, 4] and new_counts.tolist() == [4, 0, 1]
+
+
+def test_unknown_kind_names_the_choices(tmp_path):
+    with pytest.raises(DataPrepError, match=r"tokenizer kind='unigam' \(did you mean 'unigram'\?\)"):
+        train_tokenizer(["Some text."], tmp_path / "tok", kind="unigam")
+    assert not (tmp_path / "tok").exists()

@@ -30,7 +30,7 @@ def run_script(name, *args):
 @pytest.fixture(scope="module")
 def ladder(tmp_path_factory):
     root = tmp_path_factory.mktemp("ladder")
-    run_script("acl_ladder.py", "--work-dir", root / "work", "--out", root / "out")
+    run_script("acl_ladder.py", "--work-dir", root / "work", "--output", root / "out")
     return root
 
 
@@ -62,7 +62,7 @@ def test_acl_ladder_smoke(ladder):
 
     # resumable: a second invocation trains nothing (every dev_scores.json exists) and gives the same table
     logs = {p: p.stat().st_size for p in (ladder / "work" / "logs").glob("*.log")}
-    run_script("acl_ladder.py", "--work-dir", ladder / "work", "--out", ladder / "again")
+    run_script("acl_ladder.py", "--work-dir", ladder / "work", "--output", ladder / "again")
     assert {p: p.stat().st_size for p in (ladder / "work" / "logs").glob("*.log")} == logs
     rerun = json.loads((ladder / "again" / "results.json").read_text())
     assert rerun["summary"]["table"] == results["summary"]["table"]
@@ -70,7 +70,7 @@ def test_acl_ladder_smoke(ladder):
 
 def test_early_exit_pareto_smoke(ladder, tmp_path):
     run_script("early_exit_pareto.py", "--ladder-results", ladder / "out" / "results.json",
-               "--work-dir", tmp_path / "work", "--out", tmp_path / "out")
+               "--work-dir", tmp_path / "work", "--output", tmp_path / "out")
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     for task, curve in results["curves"].items():
         assert len(curve["static"]) == 6

@@ -239,3 +239,26 @@ def test_trains_from_our_pretraining_export(tmp_path, minilm, glue_dir, tokenize
                  "--max-length", "32", "--max-train-examples", "16", "--max-dev-examples", "16",
                  "--no-progress"]) == 0
     assert set(read_scores(out)["best"]["exits"]) == {"1", "2", "3"}
+
+
+def test_train_options_come_from_the_config(monkeypatch, capsys):
+    """Defaults and choices of `train` are TrainConfig's; booleans are --x/--no-x; --data-dir defaults to $GLUE_DIR."""
+    from finetune.__main__ import build_parser
+    from finetune.train_cli import config_from_args
+
+    monkeypatch.delenv("GLUE_DIR", raising=False)
+    base = ["train", "--model", "M", "--task", "RTE", "--output", "O"]
+    cfg = config_from_args(build_parser().parse_args(base))
+    assert cfg == TrainConfig(model="M", task="RTE", output="O")
+    args = build_parser().parse_args(base + ["--acl-grad", "--no-log-angles", "--gradient-equilibrium", "--exits",
+                                             "--no-progress", "--max-train-examples", "5", "--lambda", "0.1"])
+    cfg = config_from_args(args)
+    assert (cfg.acl_grad, cfg.log_angles, cfg.gradient_equilibrium, cfg.exits, cfg.progress) == (
+        True, False, True, "all", False)
+    assert (cfg.max_train_examples, cfg.lam, cfg.data_dir) == (5, 0.1, None)
+    monkeypatch.setenv("GLUE_DIR", "/data/glue")
+    assert build_parser().parse_args(base).data_dir == "/data/glue"
+    for wrong in (["--acl-grad", "on"], ["--method", "2sr"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(base + wrong)
+    assert "invalid choice: '2sr'" in capsys.readouterr().err

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from elasticbert import ElasticBertForSequenceClassification, load_pretrained, minilm_dir
-from finetune.data import load_tokenizer
-from finetune.early_exit import EncodedSplit
+from finetune.data import EncodedSplit, load_tokenizer
 from finetune.tasks import get_task, load_split
 
 GLUE = Path(__file__).resolve().parents[3] / "shared" / "data" / "glue"

@@ -1,13 +1,16 @@
-"""`early-exit` and `elue-score` end to end on a saved model and a small copy of real GLUE rows (in tmp_path)."""
+"""`early-exit`, `elue-score` and `submission` end to end on a saved model and a small copy of real GLUE rows (in
+tmp_path); the renamed options parse."""
 
-import argparse
 import json
 import shutil
 
 import pytest
 
+from common.errors import ConfigError
 from elasticbert import minilm_dir
-from finetune import early_exit, elue
+from finetune import early_exit
+from finetune.__main__ import build_parser
+from finetune.early_exit import SweepConfig
 
 ROWS = {"train": 49, "dev": 17, "test": 9}  # header + rows
 
@@ -32,16 +35,12 @@ def small_glue(glue_dir, tmp_path_factory):
 
 
 def _parser():
-    parser = argparse.ArgumentParser(prog="python -m finetune")
-    sub = parser.add_subparsers(dest="command", required=True)
-    early_exit.add_subparser(sub)
-    elue.add_subparser(sub)
-    return parser
+    return build_parser()
 
 
 def test_early_exit_then_elue_score_and_submission(saved_model, small_glue, tmp_path, capsys):
     out = tmp_path / "run"
-    common = ["--model", str(saved_model), "--task", "SST-2", "--data-dir", str(small_glue), "--out", str(out)]
+    common = ["--model", str(saved_model), "--task", "SST-2", "--data-dir", str(small_glue), "--output", str(out)]
     runs = [["lte", "--sweep", "0.3,0.6"], ["patience", "--sweep", "0,5"], ["entropy,maxprob,pcee"]]
     for run in runs:  # each run keeps the others' points (one JSON, one plot)
         args = _parser().parse_args(["early-exit", *common, "--batch-size", "8", "--strategy", *run])
@@ -65,43 +64,82 @@ def test_early_exit_then_elue_score_and_submission(saved_model, small_glue, tmp_
     assert len(samples) == ROWS["dev"]
 
     report_path = tmp_path / "elue.json"
-    sub_dir = tmp_path / "submission"
     run_json = str(stem.with_suffix(".json"))
     args = _parser().parse_args(
-        [
-            "elue-score",
-            "--baseline",
-            run_json,
-            "--points",
-            run_json,
-            "--out",
-            str(report_path),
-            "--system",
-            "patience",
-            "--write-submission",
-            str(sub_dir),
-        ]
+        ["elue-score", "--baseline", run_json, "--points", run_json, "--output", str(report_path), "--system",
+         "patience"]
     )
     assert args.func(args) == 0
     report = json.loads(report_path.read_text())["patience"]
     assert set(report["tasks"]) == {"SST-2"} and report["score"] is not None
     assert "ELUE score" in capsys.readouterr().out
+
+    sub_dir = tmp_path / "submission"
+    args = _parser().parse_args(["submission", "--results", run_json, "--output", str(sub_dir), "--strategy",
+                                 "patience"])
+    assert args.func(args) == 0
     point_dirs = sorted(p.name for p in sub_dir.iterdir())
     assert point_dirs == ["patience_0", "patience_5"]
+    files = sorted(p.name for p in (sub_dir / "patience_0").iterdir())
+    assert files == ["SST-2.tsv", "SST-2_exit_layer.tsv", "SST-2_modules.tsv", "submission.json"]
     predictions = (sub_dir / "patience_0" / "SST-2.tsv").read_text().splitlines()
     assert predictions[0] == "index\tprediction" and len(predictions) == ROWS["test"]
     assert all(line.split("\t")[1] in ("0", "1") for line in predictions[1:])
     exits = (sub_dir / "patience_0" / "SST-2_exit_layer.tsv").read_text().splitlines()[1:]
     assert {line.split("\t")[1] for line in exits} == {"1"}  # patience 0 exits at the first exit
+    modules = (sub_dir / "patience_0" / "SST-2_modules.tsv").read_text().splitlines()
+    assert modules[0] == "index\texit_layer\tlength\tflops\tmodules"
+    assert all(line.split("\t")[4] == "embeddings,layer1,exit1" for line in modules[1:])
     meta = json.loads((sub_dir / "patience_5" / "submission.json").read_text())["SST-2"]
     assert meta["strategy"] == "patience" and meta["test_exit_histogram"]["6"] == ROWS["test"] - 1
+    assert meta["split"] == "test" and meta["num_samples"] == ROWS["test"] - 1
+
+    # the LTE points of the merged result keep their head: all strategies write their files
+    every = tmp_path / "every"
+    args = _parser().parse_args(["submission", "--results", run_json, "--output", str(every)])
+    assert args.func(args) == 0
+    assert {p.name.split("_")[0] for p in every.iterdir()} == set(early_exit.STRATEGIES)
 
 
-def test_cli_rejects_bad_requests(saved_model, small_glue, tmp_path):
-    common = ["--model", str(saved_model), "--task", "SST-2", "--data-dir", str(small_glue), "--out", str(tmp_path)]
+def test_cli_rejects_bad_requests(saved_model, small_glue, tmp_path, capsys):
+    common = ["--model", str(saved_model), "--task", "SST-2", "--data-dir", str(small_glue), "--output",
+              str(tmp_path)]
     args = _parser().parse_args(["early-exit", *common, "--strategy", "entropy,maxprob", "--sweep", "0.1"])
-    with pytest.raises(SystemExit, match="exactly one"):
+    with pytest.raises(ConfigError, match="exactly one"):
         args.func(args)
     args = _parser().parse_args(["early-exit", *common, "--task", "STS-B"])
-    with pytest.raises(SystemExit, match="labels"):
+    with pytest.raises(ConfigError, match="labels"):
         args.func(args)
+    # through `python -m finetune`: a message and exit 2, no traceback
+    from finetune.__main__ import main
+
+    assert main(["early-exit", *common, "--strategy", "magic"]) == 2
+    assert "unknown strategy 'magic'" in capsys.readouterr().err
+    # a model without trained exits is refused (early exit needs them)
+    assert main(["early-exit", *common, "--model", str(minilm_dir())]) == 2
+    assert "not a fine-tuned classifier" in capsys.readouterr().err
+
+
+def test_renamed_options_parse(monkeypatch, tmp_path):
+    """The CLI convention: --output, --max-*-examples, --x/--no-x, one --data-dir default, defaults from the
+    config dataclasses."""
+    monkeypatch.setenv("GLUE_DIR", str(tmp_path))
+    args = _parser().parse_args(["early-exit", "--model", "M", "--task", "SST-2", "--output", "O",
+                                 "--max-examples", "10", "--max-lte-examples", "20", "--no-merge", "--train-lte"])
+    assert (args.output, args.max_examples, args.max_lte_examples, args.merge, args.train_lte) == ("O", 10, 20,
+                                                                                                   False, True)
+    assert args.data_dir == str(tmp_path)
+    defaults = SweepConfig()
+    assert (args.batch_size, args.repeats, args.patience, args.delta) == (
+        defaults.batch_size, defaults.repeats, defaults.patience, defaults.delta)
+    args = _parser().parse_args(["elue-score", "--baseline", "b.json", "--points", "p.json", "--output", "r.json"])
+    assert args.output == "r.json" and args.out_of_range == "clamp"
+    args = _parser().parse_args(["submission", "--results", "r.json", "--output", "D"])
+    assert (args.results, args.output, args.strategy, args.split) == ("r.json", "D", None, "test")
+    monkeypatch.delenv("GLUE_DIR")
+    args = _parser().parse_args(["evaluate", "--model", "M", "--output", "O", "--no-test", "--all-exits"])
+    assert args.data_dir is None and args.test is False and args.all_exits is True
+    for gone in (["early-exit", "--model", "M", "--task", "T", "--limit", "3"],
+                 ["elue-score", "--baseline", "b", "--points", "p", "--write-submission", "D"]):
+        with pytest.raises(SystemExit):
+            _parser().parse_args(gone)

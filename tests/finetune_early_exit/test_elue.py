@@ -4,15 +4,8 @@ import json
 
 import pytest
 
-from finetune.elue import (
-    BaselineCurve,
-    elue_score,
-    load_baseline,
-    load_curves,
-    module_trace,
-    task_score,
-    write_submission,
-)
+from finetune.elue import BaselineCurve, elue_score, load_baseline, load_curves, task_score
+from finetune.submission import module_trace, write_submission
 from finetune.tasks import get_task
 
 # Baseline per-exit points (FLOPs, score). Task B is given unsorted on purpose.

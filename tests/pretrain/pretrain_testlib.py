@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from common.dist import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 GUTENBERG = REPO.parent / "shared" / "data" / "corpus" / "gutenberg"
@@ -18,12 +19,6 @@ if not GUTENBERG.is_dir():
     GUTENBERG = Path("/work/shared/data/corpus/gutenberg")
 BOOKS = ("11-0.txt", "1952-0.txt", "16-0.txt", "120-0.txt")  # Alice, Yellow Wallpaper, Peter Pan, Treasure Island
 TINY = REPO / "configs" / "tiny_cpu.yaml"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def base_env() -> dict[str, str]:
@@ -37,7 +32,7 @@ def base_env() -> dict[str, str]:
 
 def train_args(config: Path, run_dir: Path, data: Path, overrides: list[str]) -> list[str]:
     sets = [f"data.corpora.0.path={data}", *overrides]
-    return ["train", "--config", str(config), "--run-dir", str(run_dir), *[a for s in sets for a in ("--set", s)]]
+    return ["train", "--config", str(config), "--output", str(run_dir), *[a for s in sets for a in ("--set", s)]]
 
 
 class Launch:
@@ -89,7 +84,7 @@ class Launch:
 
 
 def _records(args: list[str]) -> int:
-    return len(read_metrics(Path(args[args.index("--run-dir") + 1])))
+    return len(read_metrics(Path(args[args.index("--output") + 1])))
 
 
 def launch_torchrun(args: list[str], nproc: int, log: Path) -> Launch:

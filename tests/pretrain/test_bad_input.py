@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
-from pretrain_testlib import TINY, train_args
+from pretrain_testlib import REPO, TINY, train_args
 
 from pretrain.__main__ import main
 
@@ -62,7 +65,7 @@ def test_corrupted_tokens_caught_by_verify(data_copy, tmp_path, capsys, clean_en
 
 def test_verification_is_stamped_once_per_corpus_version(data_copy, tmp_path, capsys, clean_env):
     from pretrain.config import load_config
-    from pretrain.trainer import open_data
+    from pretrain.corpora import open_data
 
     cfg = load_config(TINY, [f"data.corpora.0.path={data_copy}"])
     open_data(cfg, tmp_path, need_valid=False)
@@ -97,7 +100,22 @@ def test_world_size_that_does_not_divide_the_batch(prepared_gutenberg, tmp_path,
 
 def test_export_of_something_that_is_not_a_checkpoint(tmp_path, capsys):
     code, err = run_main(["export", "--checkpoint", str(tmp_path), "--output", str(tmp_path / "hf")], capsys)
-    assert code == 2 and "no 'latest' file" in err
+    assert code == 2 and "no 'latest' file" in err and err.startswith("pretrain: error: ")
+
+
+def test_build_index_opens_the_data_without_the_trainer(data_copy, tmp_path):
+    """`build-index` verifies, stamps and caches offline: no trainer, no DeepSpeed imported."""
+    argv = ["build-index", "--config", str(TINY), "--output", str(tmp_path / "run"),
+            "--set", f"data.corpora.0.path={data_copy}"]
+    code = (f"import sys; from pretrain.__main__ import main; rc = main({argv!r}); "
+            "loaded = [m for m in ('pretrain.trainer', 'deepspeed') if m in sys.modules]; "
+            "assert not loaded, loaded; sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 and "sample_index_train_" in lines[0] and "sample_index_valid_" in lines[1]
+    assert list((data_copy / "index_cache").glob("verified_*.json"))
 
 
 def test_blended_corpora_must_share_a_tokenizer(prepared_gutenberg, tmp_path, clean_env):
@@ -107,7 +125,7 @@ def test_blended_corpora_must_share_a_tokenizer(prepared_gutenberg, tmp_path, cl
     from data_prep.pipeline import tokenize_corpus
     from data_prep.tokenizer import train_tokenizer
     from pretrain.config import ConfigError, load_config
-    from pretrain.trainer import open_data
+    from pretrain.corpora import open_data
 
     both = load_config(TINY, [f"data.corpora=[{{path: {prepared_gutenberg}, weight: 3}}, "
                               f"{{path: {prepared_gutenberg}, weight: 1}}]"])

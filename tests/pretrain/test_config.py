@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from common.dist import expand_nodelist, resolve_env
 from pretrain.config import REPO_ROOT, ConfigError, load_config, validate
-from pretrain.distributed import expand_nodelist, resolve_env
 from pretrain.ds_config import fill_ds_config, load_ds_json
 from pretrain.schedule import learning_rate
 
@@ -189,3 +189,63 @@ def test_checkpoint_compatibility_refuses_unless_forced():
         check_compatible(point, new.semantic_hash(), new.to_dict(), force=False)
     assert "logging.progress" not in str(e.value)  # cadence/logging changes are not the reason
     assert check_compatible(point, new.semantic_hash(), new.to_dict(), force=True) == ["optim.lr: 0.002 -> 0.0001"]
+
+
+# ------------------------------------------------------------------------------------------- typed choices, cadence
+
+
+def test_config_error_is_the_common_one():
+    from common.errors import ConfigError as Common
+    from common.errors import UserError
+
+    assert ConfigError is Common and issubclass(ConfigError, UserError)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("optim.name=adamx", "optim.name='adamx' (did you mean 'adamw'?); expected one of 'adamw', 'lamb'"),
+        ("optim.decay=cosin", "optim.decay='cosin' (did you mean 'cosine'?)"),
+        ("train.precision=bf61", "train.precision='bf61'"),
+        ("train.zero_stage=4", "train.zero_stage=4; expected one of 0, 1, 2, 3"),
+        ("train.zero_stage=true", "train.zero_stage=True"),
+    ],
+)
+def test_fixed_choices_are_literal_types_with_a_hint(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(CONFIGS / "tiny_cpu.yaml", [override])
+    assert message in str(e.value)
+
+
+def test_choice_values_are_normalised():
+    cfg = load_config(CONFIGS / "tiny_cpu.yaml", ["train.zero_stage=2.0", "train.precision=bf16"])
+    assert cfg.train.zero_stage == 2 and isinstance(cfg.train.zero_stage, int) and cfg.train.precision == "bf16"
+
+
+def test_a_wrong_type_holds_back_the_checks_of_meaning_but_a_typo_does_not():
+    """Type problems leave a field unusable, so `validate` waits; unknown keys and out-of-choice values do not."""
+    with pytest.raises(ConfigError) as e:
+        load_config(CONFIGS / "tiny_cpu.yaml", ["train.micro_batch_size=many", "exits.groups=[[1,4]]"])
+    assert e.value.problems == ["train.micro_batch_size: expected an integer, got 'many'"]
+    with pytest.raises(ConfigError) as e:
+        load_config(CONFIGS / "tiny_cpu.yaml", ["optim.decay=cosin", "exits.groups=[[1,4]]"])
+    assert len(e.value.problems) == 2 and "exits.groups miss layers [2, 3]" in e.value.problems[1]
+
+
+def test_save_and_eval_are_due_by_step():
+    from pretrain.schedule import due
+
+    assert [s for s in range(1, 13) if due(s, 12, 5)] == [5, 10, 12]
+    assert [s for s in range(1, 8) if due(s, 7, 0)] == []  # eval.interval 0: never
+    cfg = load_config(CONFIGS / "tiny_cpu.yaml", ["train.stop_after_steps=7"])
+    assert cfg.train.end_step() == 7 and load_config(CONFIGS / "tiny_cpu.yaml").train.end_step() == 30
+
+
+def test_user_errors_share_one_base_and_exit_code():
+    from common.errors import EXIT_PREEMPTED, UserError
+    from pretrain.checkpoint import ResumeError
+    from pretrain.preemption import EXIT_PREEMPTED as PREEMPTED
+    from pretrain.run_dir import RunDirError
+
+    assert issubclass(ResumeError, UserError) and issubclass(RunDirError, UserError)
+    assert PREEMPTED == EXIT_PREEMPTED == 75

@@ -8,7 +8,8 @@ import torch
 from pretrain_testlib import TINY
 
 from pretrain.config import ConfigError, load_config
-from pretrain.trainer import build_model, micro_seed, param_groups
+from pretrain.model_setup import build_model, param_groups
+from pretrain.schedule import micro_seed
 
 
 def test_from_scratch_is_seeded_and_uses_the_data_vocab():

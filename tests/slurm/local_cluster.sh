@@ -104,7 +104,8 @@ write_conf() {
   local node cpus sock cores thr mem hw gres_hdr="" gres_node="" fake_dir=/var/spool/slurmd-fakegpu new i
   node=$(node_name)
   # CPUs from nproc (what this container may use); keep slurmd's topology only when it agrees with nproc.
-  cpus=$(nproc)
+  # nproc also obeys OMP_NUM_THREADS / OMP_THREAD_LIMIT: a test run under OMP_NUM_THREADS=1 must not shrink the node.
+  cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
   hw=$(slurmd -C 2>/dev/null | head -n1 || true)
   hwv() { sed -n "s/.*\b$1=\([0-9]*\).*/\1/p" <<<"$hw"; }
   if [ "$(hwv CPUs)" = "$cpus" ]; then

@@ -4,7 +4,8 @@ It checks the CLI/env contract of the launch scripts and plays the preemption pr
   first start (SLURM_RESTART_COUNT unset/0 and no marker): write `ready.rank<R>`, wait for SIGUSR1/SIGTERM, then write
   `preempted.rank<R>` and exit 75 (EX_TEMPFAIL: "saved a checkpoint because of preemption, please requeue");
   a restart (SLURM_RESTART_COUNT >= 1 or the marker present): write `done.rank<R>`, exit 0.
-STANDIN_MODE=exit:N makes it exit N at once instead. Every start appends a JSON line to <run-dir>/starts.jsonl.
+STANDIN_MODE=exit:N makes it exit N at once instead. Every start appends a JSON line to <output>/starts.jsonl
+(`--output`: the run directory of pretrain, the output directory of finetune).
 """
 
 import argparse
@@ -20,18 +21,17 @@ def main() -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train")
     t.add_argument("--config")
-    t.add_argument("--run-dir")
+    t.add_argument("--output")  # both contracts: pretrain's run directory, finetune's output directory
     t.add_argument("--ds-config")
     t.add_argument("--set", action="append", default=[])
     t.add_argument("--task")  # finetune contract
     t.add_argument("--seed", type=int)
-    t.add_argument("--output")
     t.add_argument("--model")
     t.add_argument("--data-dir")
     a, rest = p.parse_known_args()
-    run_dir = a.run_dir or a.output
+    run_dir = a.output
     if not run_dir:
-        p.error("--run-dir (pretrain) or --output (finetune) is required")
+        p.error("--output is required (pretrain's run directory, finetune's output directory)")
     os.makedirs(run_dir, exist_ok=True)
     env = {k: os.environ.get(k) for k in
            ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",

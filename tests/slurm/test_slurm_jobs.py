@@ -97,7 +97,7 @@ def test_pretrain_base_preemption_requeues_once_and_completes(slurm_cluster, sta
         ("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
     for s in starts:
         assert s["argv"][:2] == ["train", "--config"] and s["argv"][2] == str(cfg)
-        assert s["argv"][3:] == ["--run-dir", str(run_dir), "--ds-config", str(ds), "--set", "train.max_steps=3"]
+        assert s["argv"][3:] == ["--output", str(run_dir), "--ds-config", str(ds), "--set", "train.max_steps=3"]
         assert s["env"]["WORLD_SIZE"] == "2" and s["env"]["MASTER_PORT"] == str(10000 + int(jid) % 20000)
         assert s["cwd"] == str(REPO) and s["python"].startswith(str(REPO / ".venv"))
     for rank in (0, 1):
@@ -152,7 +152,7 @@ def test_prep_data_array_then_dependent_finalize(slurm_cluster, standin_env, tmp
     out_dir = tmp_path / "tok"
     env = standin_env(DATA_PREP_MODULE="standin_data_prep", PREP_TASKS=2)
     r = subprocess.run(["bash", "slurm/prep_data.sh", "submit", "--cpus-per-task=1", "--time=5", f"--chdir={tmp_path}",
-                        "--", "a.txt", "b.txt", "--out", str(out_dir), "--tokenizer", "vocab.txt"],
+                        "--", "a.txt", "b.txt", "--output", str(out_dir), "--tokenizer", "vocab.txt"],
                        capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     array_id, fin_id = r.stdout.split()
@@ -173,7 +173,7 @@ def test_prep_data_failed_shard_blocks_finalize(slurm_cluster, standin_env, tmp_
     out_dir = tmp_path / "tok"
     env = standin_env(DATA_PREP_MODULE="standin_data_prep", PREP_TASKS=2, STANDIN_FAIL_INDEX=1)
     r = subprocess.run(["bash", "slurm/prep_data.sh", "submit", "-c", "1", "-t", "5", f"--chdir={tmp_path}", "--",
-                        "a.txt", "--out", str(out_dir), "--tokenizer", "v.txt"],
+                        "a.txt", "--output", str(out_dir), "--tokenizer", "v.txt"],
                        capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     array_id, fin_id = r.stdout.split()

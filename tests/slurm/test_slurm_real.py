@@ -63,12 +63,12 @@ def test_prep_data_array_matches_single_process(slurm_cluster, tmp_path):
             "--valid-fraction", "0.05", "--no-progress"]
     env = slurm_cluster.env(PREP_TASKS=3)
     r = subprocess.run(["bash", "slurm/prep_data.sh", "submit", "-c", "1", "-t", "10", f"--chdir={tmp_path}", "--",
-                        *args, "--out", str(tmp_path / "array")], capture_output=True, text=True, timeout=60,
+                        *args, "--output", str(tmp_path / "array")], capture_output=True, text=True, timeout=60,
                        cwd=REPO, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     array_id, fin_id = r.stdout.split()
     single_id = slurm_cluster.sbatch("-c", "1", "-t", "10", f"--chdir={tmp_path}", "slurm/prep_data.sh", *args,
-                                     "--out", str(tmp_path / "single"), env=env)
+                                     "--output", str(tmp_path / "single"), env=env)
     tasks = slurm_cluster.wait_array_final(array_id, 3, timeout=400)
     assert [tasks[t]["JobState"] for t in range(3)] == ["COMPLETED"] * 3, slurm_cluster.diagnose(array_id)
     slurm_cluster.wait_state(fin_id, "COMPLETED", timeout=200)

@@ -1,4 +1,5 @@
-"""Rank / world / master address from whichever launcher started us: torchrun, deepspeed, srun, or none.
+"""The one rank/world resolver: rank, world size and master address from whichever launcher started us (torchrun,
+deepspeed, srun, or none). Pre-training and fine-tuning both read it; nothing else looks at RANK/WORLD_SIZE.
 
 torchrun and the deepspeed launcher export RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. Under `srun`
 (one task per process) only SLURM_* exist: we derive the same variables from SLURM_PROCID, SLURM_NTASKS,
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -49,9 +51,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def resolve_env(environ: dict[str, str] | None = None) -> DistEnv:
-    """Work out the distributed environment and write it back into os.environ (what torch.distributed reads)."""
+def resolve_env(environ: Mapping[str, str] | None = None, export: bool | None = None) -> DistEnv:
+    """Work out the distributed environment. With no `environ` it reads os.environ and, unless `export=False`,
+    writes the result back there (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT: what torch.distributed reads)."""
     env = os.environ if environ is None else environ
+    if export is None:
+        export = environ is None
     if "RANK" in env and "WORLD_SIZE" in env:
         launcher = "deepspeed" if "CROSS_RANK" in env or "DS_LAUNCHER" in env else "torchrun"
         rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
@@ -71,7 +76,7 @@ def resolve_env(environ: dict[str, str] | None = None) -> DistEnv:
         rank, world, local = 0, 1, 0
         addr = env.get("MASTER_ADDR", "127.0.0.1")
         port = int(env.get("MASTER_PORT") or free_port())
-    if environ is None:
+    if export:
         os.environ.update({
             "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local),
             "MASTER_ADDR": addr, "MASTER_PORT": str(port),

@@ -1,0 +1,72 @@
+"""The command-line conventions of `python -m data_prep | pretrain | finetune` (written down in the README):
+
+- `--output PATH`: where a command writes (a prepared corpus, a run directory, an export, a report);
+- `--max-examples N`: a seeded subset of the split a command reads (`--max-train-examples`, `--max-dev-examples`,
+  ... where a command reads more than one set);
+- booleans are `--x` / `--no-x` (`argparse.BooleanOptionalAction`);
+- defaults and choices come from the config dataclasses (`config_argument`), so `--help` and the config agree;
+- a `UserError` prints `PROG: error: MESSAGE` and exits 2 (`run_command`); Ctrl-C exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from .config import field_types, literal_choices, strip_optional
+from .errors import EXIT_INTERRUPTED, UserError
+
+
+def run_command(prog: str, func: Callable[[], int | None]) -> int:
+    """Run a command's body; map user errors and Ctrl-C to their exit codes with a message instead of a traceback."""
+    try:
+        return int(func() or 0)
+    except UserError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr, flush=True)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+
+
+def add_output(parser: argparse.ArgumentParser | Any, help: str, required: bool = True, **kwargs: Any) -> None:
+    """`--output PATH`: the one name for where a command writes."""
+    parser.add_argument("--output", required=required, metavar=kwargs.pop("metavar", "PATH"), help=help, **kwargs)
+
+
+def add_max_examples(parser: argparse.ArgumentParser | Any, which: str = "", help: str | None = None,
+                     default: int | None = None) -> None:
+    """`--max-examples N` (or `--max-{which}-examples N`): a seeded random subset, for small CPU runs."""
+    flag = f"--max-{which}-examples" if which else "--max-examples"
+    parser.add_argument(flag, type=int, default=default, metavar="N",
+                        help=help or f"use a seeded random subset of N {which + ' ' if which else ''}examples")
+
+
+def config_argument(parser: argparse.ArgumentParser | Any, cls: type, name: str, *flags: str,
+                    help: str | None = None, **overrides: Any) -> argparse.Action:
+    """An option for dataclass field `cls.name`: its default, its `Literal` choices, its type; booleans become
+    `--x/--no-x`. `overrides` are passed to `add_argument` as they are (e.g. `type=` for a field needing parsing)."""
+    field = {f.name: f for f in dataclasses.fields(cls)}[name]
+    tp, _ = strip_optional(field_types(cls)[name])
+    if field.default is not dataclasses.MISSING:
+        default = field.default
+    elif field.default_factory is not dataclasses.MISSING:
+        default = field.default_factory()
+    else:
+        default = None
+    kwargs: dict[str, Any] = {"dest": name, "default": default}
+    choices = literal_choices(tp)
+    if choices is not None:
+        kwargs.update(choices=choices, type=type(choices[0]))
+    elif tp is bool:
+        kwargs["action"] = argparse.BooleanOptionalAction
+    elif tp in (int, float, str):
+        kwargs["type"] = tp
+    kwargs.update(overrides)
+    if help is not None:
+        suffix = "" if "%(default)" in help or default is None else " (default: %(default)s)"
+        kwargs["help"] = help + suffix
+    return parser.add_argument(*(flags or (f"--{name.replace('_', '-')}",)), **kwargs)

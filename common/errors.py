@@ -1,0 +1,39 @@
+"""The one base class of errors a user can fix, and the exit code every command maps it to.
+
+Each package raises its own subclasses (`data_prep.DataPrepError`, `elasticbert.CheckpointError`,
+`pretrain.checkpoint.ResumeError`, `finetune.tasks.DataError`, ...) with a message that names the file, line or key
+at fault and what to do; `common.cli.run_command` prints it as `PROG: error: MESSAGE` and exits with
+`EXIT_USER_ERROR`, never with a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+EXIT_OK = 0
+EXIT_USER_ERROR = 2  # bad input: config, data, paths, incompatible checkpoint
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: checkpoint written after SIGTERM/SIGUSR1; requeue and rerun the same command
+EXIT_INTERRUPTED = 130  # Ctrl-C
+
+
+class UserError(ValueError):
+    """A problem the user can fix; the message says where (file, line, key) and, where it can, how."""
+
+    exit_code = EXIT_USER_ERROR
+
+
+class ConfigError(UserError):
+    """An invalid run configuration (a YAML run config or a command's options).
+
+    `ConfigError("--lambda must be within [0, 1]")` carries one message; `ConfigError([...], source="x.yaml")`
+    collects every problem found so that one run shows them all, one per line.
+    """
+
+    def __init__(self, problems: str | Sequence[str], source: str | None = None) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        if source is None and len(self.problems) == 1:
+            message = self.problems[0]
+        else:
+            lines = "\n".join(f"  - {p}" for p in self.problems)
+            message = f"invalid {source or 'config'}:\n{lines}"
+        super().__init__(message)

@@ -1,0 +1,151 @@
+"""`python -m finetune early-exit`: sweep exit rules on a fine-tuned multi-exit model; write the result JSON,
+per-sample TSVs and the Pareto plot. ELUE scoring of the result is `elue-score`; submission files, `submission`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from common.cli import add_max_examples, add_output, config_argument
+from common.errors import ConfigError
+from common.io import atomic_write_json
+from elasticbert import ElasticBertForSequenceClassification
+
+from ..data import EncodedSplit, add_data_dir, load_tokenizer, subsample
+from ..model import load_finetuned
+from ..plots import plot_pareto
+from ..tasks import TaskSpec, get_task, load_split
+from .lte import LearnedExitHead, train_lte_head
+from .rules import STRATEGIES
+from .sweep import SweepConfig, merge_results, parse_thresholds, resolve_strategies, summary_table, sweep
+
+DESCRIPTION = (
+    "Run dynamic early exit over a GLUE/ELUE split for one or more strategies and thresholds; write JSON (+ per-sample "
+    "TSVs) and a Pareto PNG. Speed-ups are against the full model's own forward on the same batches. Wall times here "
+    "are single passes (--repeats to repeat); on a shared machine use bench/early_exit.py, which pairs reference and "
+    "early exit batch by batch, for the wall/FLOPs ratio."
+)
+
+
+def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register `early-exit` on the `python -m finetune` command line."""
+    p = subparsers.add_parser(
+        "early-exit",
+        help="sweep early-exit rules on a fine-tuned multi-exit model: score, FLOPs, speed-ups, Pareto plot",
+        description=DESCRIPTION,
+    )
+    p.add_argument("--model", required=True, help="fine-tuned multi-exit model directory (RUN/best)")
+    p.add_argument("--task", required=True, help="task name, e.g. SST-2, MRPC, STS-B, elue/SNLI")
+    p.add_argument("--strategy", default="all", help=f"comma list of {', '.join(STRATEGIES)}, or 'all'")
+    p.add_argument("--sweep", default=None, help="thresholds τ1,τ2,... (one strategy; patience: k values)")
+    add_data_dir(p)
+    p.add_argument("--split", default="dev")
+    config_argument(p, SweepConfig, "batch_size", help="batch size")
+    p.add_argument("--max-length", type=int, default=128)
+    add_max_examples(p, help="a seeded random subset of the split (the rows `finetune train --max-dev-examples` "
+                             "scores with its default --dev-subset-seed)")
+    config_argument(p, SweepConfig, "patience", help="PCEE: consecutive confident exits needed")
+    config_argument(p, SweepConfig, "delta", help="PABEE regression: |Δ| below this counts as unchanged")
+    config_argument(p, SweepConfig, "repeats", help="timing repeats (the minimum wall time is kept)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    add_output(p, "output directory (default runs/early_exit/<task>)", required=False)
+    p.add_argument("--merge", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep the other strategies of an earlier run in the same JSON (default: %(default)s)")
+    p.add_argument("--lte-head", default=None, help="LTE head file (.safetensors); trained and saved here if absent")
+    p.add_argument("--train-lte", action=argparse.BooleanOptionalAction, default=False,
+                   help="(re)train the LTE head even if --lte-head exists")
+    p.add_argument("--lte-split", default="train", help="split the LTE head is fitted on")
+    add_max_examples(p, "lte", default=4000, help="rows of --lte-split used to fit the LTE head (default: 4000)")
+    p.add_argument("--lte-epochs", type=int, default=30)
+    p.set_defaults(func=main)
+    return p
+
+
+def lte_head_for(
+    args: argparse.Namespace,
+    model: ElasticBertForSequenceClassification,
+    task: TaskSpec,
+    output: Path,
+    tokenizer: object,
+    log: Callable[[str], None] = print,
+) -> tuple[LearnedExitHead, Path]:
+    """The LTE head of `--lte-head` (default OUTPUT/lte_head_TASK.safetensors), trained and saved there if absent."""
+    path = Path(args.lte_head) if args.lte_head else output / f"lte_head_{task.name.replace('/', '_')}.safetensors"
+    if path.is_file() and not args.train_lte:
+        log(f"LTE head: loaded {path}")
+        return LearnedExitHead.load(path), path
+    examples = subsample(load_split(task, args.data_dir, args.lte_split), args.max_lte_examples, seed=1)
+    train = EncodedSplit.from_examples(tokenizer, examples, args.max_length)
+    start = time.perf_counter()
+    head, stats = train_lte_head(model, train, epochs=args.lte_epochs)
+    head.save(path, {"task": task.name, "model": str(args.model), "split": args.lte_split})
+    log(
+        f"LTE head: trained on {len(train)} {args.lte_split} rows in {time.perf_counter() - start:.1f}s "
+        f"(MSE {stats['initial_mse']:.4f} -> {stats['final_mse']:.4f}), saved {path}"
+    )
+    return head, path
+
+
+def sweep_config(args: argparse.Namespace, strategies: list[str], head: LearnedExitHead | None,
+                 output: Path) -> SweepConfig:
+    """The sweep the options ask for; `--sweep` thresholds need exactly one strategy."""
+    thresholds = parse_thresholds(args.sweep)
+    if thresholds is not None and len(strategies) != 1:
+        raise ConfigError("--sweep needs exactly one --strategy (each strategy has its own threshold scale)")
+    return SweepConfig(
+        strategies=strategies,
+        thresholds={strategies[0]: thresholds} if thresholds else {},
+        batch_size=args.batch_size,
+        repeats=args.repeats,
+        patience=args.patience,
+        delta=args.delta,
+        lte_head=head,
+        samples_dir=output / "samples",
+    ).validate()
+
+
+def write_results(results: dict, path: Path, merge: bool) -> dict:
+    """Write the result JSON, first merging an earlier run's other strategies unless `merge` is off."""
+    if path.is_file() and merge:
+        results = merge_results(json.loads(path.read_text(encoding="utf-8")), results)
+    atomic_write_json(path, results, indent=1)
+    return results
+
+
+def main(args: argparse.Namespace) -> int:
+    """`python -m finetune early-exit ...`"""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    task = get_task(args.task)
+    model = load_finetuned(args.model)
+    if model.config.num_labels != task.num_labels:
+        raise ConfigError(f"{args.model} has {model.config.num_labels} labels; task {task.name} needs "
+                          f"{task.num_labels}")
+    strategies = resolve_strategies(args.strategy, task.num_labels)
+    output = Path(args.output or Path("runs") / "early_exit" / task.name.replace("/", "_"))
+    sweep_config(args, strategies, None, output)  # option errors surface before any data is read
+    tokenizer = load_tokenizer(args.model)
+    output.mkdir(parents=True, exist_ok=True)
+    examples = subsample(load_split(task, args.data_dir, args.split), args.max_examples)
+    split = EncodedSplit.from_examples(tokenizer, examples, args.max_length)
+    head, head_path = lte_head_for(args, model, task, output, tokenizer) if "lte" in strategies else (None, None)
+    results = sweep(model, split, task, sweep_config(args, strategies, head, output))
+    results.update(
+        model=str(args.model),
+        split=args.split,
+        data_dir=None if args.data_dir is None else str(args.data_dir),
+        max_length=args.max_length,
+        max_examples=args.max_examples,
+        lte_head=str(head_path) if head_path else None,
+    )
+    stem = f"early_exit_{task.name.replace('/', '_')}_{args.split}_bs{args.batch_size}"
+    results = write_results(results, output / f"{stem}.json", args.merge)
+    print(summary_table(results))
+    png = plot_pareto(results, output / f"{stem}.png")
+    print(f"wrote {output / f'{stem}.json'} and {png}")
+    return 0

@@ -1,0 +1,141 @@
+"""Opening the prepared corpora of a run config: data_prep's reader, its verification (once per corpus version), the
+one-tokenizer check across a blend, and the sample indexes (cached beside the data).
+
+`train` calls `open_data` before any process group exists, so a bad corpus costs seconds; `build-index` calls it
+offline (and imports no trainer) to verify, stamp and cache everything once after data_prep.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.io import atomic_write_text
+from data_prep.errors import DataPrepError
+from data_prep.reader import PreparedCorpus
+from data_prep.verify import verify_dir
+
+from .config import ConfigError, CorpusConfig, RunConfig, resolve_path
+from .data import MaskingConfig, PretrainingDataset, load_or_build_index
+
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "spm.model", "tokenizer.model")
+
+
+@dataclass
+class DataBundle:
+    """The datasets of every corpus (in config order) and what they share."""
+
+    train: list[PretrainingDataset] = field(default_factory=list)
+    valid: list[PretrainingDataset] = field(default_factory=list)
+    special_ids: dict = field(default_factory=dict)
+    tokenizer_dir: Path | None = None
+    index_paths: list[str] = field(default_factory=list)  # where each index lives: per corpus, train then valid
+
+
+def open_corpus(path: Path, split: str) -> PreparedCorpus:
+    """data_prep's reader (its errors, DataPrepError, carry data_prep verify's messages)."""
+    return PreparedCorpus(path, split=split)
+
+
+def _verification_stamp(path: Path) -> str:
+    """Name of the stamp of this exact corpus version: manifest hash + size and mtime of every file."""
+    manifest = path / "manifest.json"
+    files = sorted(p for p in path.rglob("*") if p.is_file() and "index_cache" not in p.parts
+                   and ".work" not in p.parts)
+    key = hashlib.sha256(manifest.read_bytes() if manifest.is_file() else b"")
+    for f in files:
+        st = f.stat()
+        key.update(f"{f.relative_to(path)}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return f"verified_{key.hexdigest()[:16]}.json"
+
+
+def verify_corpus(path: Path, caches: list[Path]) -> None:
+    """`data_prep verify` (every shard re-hashed) unless a stamp says this exact corpus already passed it.
+
+    The stamp lives beside the sample index, so a corpus is re-hashed once per version, not at every restart; its
+    problems are raised verbatim as DataPrepError.
+    """
+    name = _verification_stamp(path)
+    if any((Path(c) / name).is_file() for c in caches):
+        return
+    problems = verify_dir(path)
+    if problems:
+        raise DataPrepError(f"{path} failed data_prep verify:\n" + "\n".join(f"  - {p}" for p in problems))
+    for c in caches:
+        try:
+            Path(c).mkdir(parents=True, exist_ok=True)
+            atomic_write_text(Path(c) / name, json.dumps({"verified": str(path), "time": time.time()}))
+            return
+        except OSError:
+            continue
+
+
+def tokenizer_dir_of(corpus: Any) -> Path | None:
+    return Path(corpus.tokenizer_dir) if getattr(corpus, "tokenizer_dir", None) else None
+
+
+def tokenizer_fingerprint(corpus: Any) -> str:
+    """Hash of the special ids and the vocabulary file: corpora blended in one run must agree on it."""
+    tdir = tokenizer_dir_of(corpus)
+    h = hashlib.sha256(json.dumps(corpus.special_ids, sort_keys=True).encode())
+    if tdir is not None and tdir.is_dir():
+        for name in TOKENIZER_FILES:
+            if (tdir / name).is_file():
+                h.update(name.encode() + (tdir / name).read_bytes())
+                break
+    return h.hexdigest()
+
+
+def corpus_path(c: CorpusConfig, k: int) -> Path:
+    path = resolve_path(c.path)
+    if "$" in str(path):
+        raise ConfigError(f"data.corpora[{k}].path={c.path!r}: environment variable not set "
+                          f"(export it, or --set data.corpora.{k}.path=DIR)")
+    return path
+
+
+def index_caches(cfg: RunConfig, path: Path, run_dir: Path) -> list[Path]:
+    """Where sample indexes (and verification stamps) are looked up and written, in order of preference."""
+    if cfg.data.index_cache_dir:
+        return [resolve_path(cfg.data.index_cache_dir)]
+    return [path / "index_cache", run_dir / "index_cache"]
+
+
+def _split_dataset(cfg: RunConfig, k: int, path: Path, corpus: PreparedCorpus, split: str, caches: list[Path],
+                   bundle: DataBundle) -> PretrainingDataset:
+    d = cfg.data
+    index, where, _ = load_or_build_index(corpus, split, d.max_seq_len, d.short_seq_prob, cfg.train.seed, caches)
+    if len(index) == 0:
+        raise ConfigError(f"data.corpora[{k}] ({path}, split {split}) yields no samples: documents need at "
+                          "least two sentences for sentence-order prediction")
+    bundle.index_paths.append(str(where) if where else f"(in memory) {path} {split}")
+    masking = MaskingConfig(d.max_seq_len, d.masked_lm_prob, d.max_ngram, cfg.train.seed)
+    return PretrainingDataset(corpus, index, masking, corpus_id=k)
+
+
+def open_data(cfg: RunConfig, run_dir: Path, need_valid: bool) -> DataBundle:
+    """Open every corpus (train and, if evaluating, valid), check they share one tokenizer, load/build indexes."""
+    bundle = DataBundle()
+    fingerprint = None
+    for k, c in enumerate(cfg.data.corpora):
+        path = corpus_path(c, k)
+        corpus = open_corpus(path, "train")
+        caches = index_caches(cfg, path, run_dir)
+        if cfg.data.verify:
+            verify_corpus(path, caches)
+        fp = tokenizer_fingerprint(corpus)
+        if fingerprint is None:
+            fingerprint = fp
+            bundle.special_ids, bundle.tokenizer_dir = dict(corpus.special_ids), tokenizer_dir_of(corpus)
+        elif fp != fingerprint:
+            raise ConfigError(f"data.corpora[{k}] ({path}) uses a different tokenizer than data.corpora[0]; "
+                              "blended corpora must be prepared with the same vocabulary")
+        bundle.train.append(_split_dataset(cfg, k, path, corpus, "train", caches, bundle))
+        if need_valid:
+            valid = open_corpus(path, "valid")
+            bundle.valid.append(_split_dataset(cfg, k, path, valid, "valid", caches, bundle))
+    return bundle

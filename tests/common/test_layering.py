@@ -1,0 +1,98 @@
+"""The import graph reads one way (README, "Layout"): `common` at the bottom; `elasticbert` and `data_prep` on it;
+`pretrain` on those; `finetune` on `elasticbert` only; `bench/`, `experiments/` and `demo/` on top. Every import
+counts, including those inside functions, so a cycle cannot hide in one."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ALLOWED = {
+    "common": set(),
+    "elasticbert": {"common"},
+    "data_prep": {"common"},
+    "pretrain": {"common", "elasticbert", "data_prep"},
+    "finetune": {"common", "elasticbert"},
+}
+OURS = set(ALLOWED) | {"demo", "bench", "experiments", "tests"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path, module: str | None = None) -> set[str]:
+    """Fully qualified modules `path` (module `module`) imports anywhere in its body, relative imports resolved."""
+    module = module or module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            found.add(prefix)
+            found.update(f"{prefix}.{alias.name}" for alias in node.names)  # `from pkg import module`
+    return found
+
+
+def package_modules(package: str) -> dict[str, Path]:
+    return {module_name(p): p for p in sorted((REPO / package).rglob("*.py"))}
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_packages_import_only_the_layers_below(package):
+    wrong = []
+    for path in package_modules(package).values():
+        for target in imports_of(path):
+            top = target.split(".")[0]
+            if top in OURS and top != package and top not in ALLOWED[package]:
+                wrong.append(f"{path.relative_to(REPO)} imports {target}")
+    assert not wrong, f"{package} may use only {sorted(ALLOWED[package]) or 'no package of ours'}:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_no_import_cycle_inside_a_package(package):
+    modules = package_modules(package)
+    # `from . import x` names the parent package, which is always initialised before its modules: not an edge
+    edges = {
+        name: {t for t in imports_of(path) if t in modules and t != name and not name.startswith(t + ".")}
+        for name, path in modules.items()
+    }
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for name in sorted(modules):
+        if name not in state and (cycle := visit(name)):
+            pytest.fail(f"import cycle in {package}: {' -> '.join(cycle)}")
+
+
+def test_the_checker_sees_function_local_and_relative_imports(tmp_path):
+    """The two tests above would pass vacuously if imports inside functions, or relative ones, were missed."""
+    fake = tmp_path / "m.py"
+    fake.write_text("def f():\n    from pretrain import trainer\n    from .tasks import get_task\n", encoding="utf-8")
+    found = imports_of(fake, "finetune.m")
+    assert {"pretrain.trainer", "finetune.tasks"} <= found
