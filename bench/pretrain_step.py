@@ -56,13 +56,17 @@ def prepare_samples(workdir: Path) -> tuple[object, list[dict]]:
     if not gut.is_dir():
         gut = Path("/work/shared/data/corpus/gutenberg")
     out = workdir / "gutenberg"
-    tokenize_corpus([str(gut / b) for b in BOOKS], out, tokenizer=elasticbert.minilm_dir() / "vocab.txt",
-                    valid_fraction=0.0)
+    tokenize_corpus(
+        [str(gut / b) for b in BOOKS], out, tokenizer=elasticbert.minilm_dir() / "vocab.txt", valid_fraction=0.0
+    )
     corpus = PreparedCorpus(out, "train")
     index = build_sample_index(corpus, SEQ, 0.0, 1234)
     ds = PretrainingDataset(corpus, index, MaskingConfig(SEQ, 0.15, 3, 1234))
-    full = [ds[i] for i in range(len(ds)) if index[i, 2] - index[i, 1] >= 2
-            and corpus.sentence_lengths[index[i, 1]:index[i, 2]].sum() >= SEQ - 3]
+    full = [
+        ds[i]
+        for i in range(len(ds))
+        if index[i, 2] - index[i, 1] >= 2 and corpus.sentence_lengths[index[i, 1] : index[i, 2]].sum() >= SEQ - 3
+    ]
     return ds, full
 
 
@@ -71,7 +75,7 @@ def make_batches(samples: list[dict], batch: int, n: int) -> list[dict[str, torc
 
     out = []
     for b in range(n):
-        items = samples[(b * batch) % len(samples):][:batch]
+        items = samples[(b * batch) % len(samples) :][:batch]
         if len(items) < batch:
             items = items + samples[: batch - len(items)]
         ids = torch.zeros(batch, SEQ, dtype=torch.long)
@@ -84,8 +88,15 @@ def make_batches(samples: list[dict], batch: int, n: int) -> list[dict[str, torc
             types[r, :t] = torch.from_numpy(it["token_type_ids"])
             labels[r, :t] = torch.from_numpy(it["mlm_labels"])
             attn[r, :t] = 1
-        out.append({"input_ids": ids, "token_type_ids": types, "attention_mask": attn, "mlm_labels": labels,
-                    "sop_labels": torch.tensor([int(it["sop_label"]) for it in items])})
+        out.append(
+            {
+                "input_ids": ids,
+                "token_type_ids": types,
+                "attention_mask": attn,
+                "mlm_labels": labels,
+                "sop_labels": torch.tensor([int(it["sop_label"]) for it in items]),
+            }
+        )
     return out
 
 
@@ -100,19 +111,32 @@ class PlainBertMultiExit(nn.Module):
         from transformers import BertConfig, BertModel
         from transformers.models.bert.modeling_bert import BertPredictionHeadTransform
 
-        cfg = BertConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=LAYERS,
-                         num_attention_heads=hidden // 64, intermediate_size=4 * hidden, max_position_embeddings=512,
-                         attn_implementation="sdpa")
+        cfg = BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=hidden,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=hidden // 64,
+            intermediate_size=4 * hidden,
+            max_position_embeddings=512,
+            attn_implementation="sdpa",
+        )
         self.bert = BertModel(cfg, add_pooling_layer=False)
         self.transforms = nn.ModuleList([BertPredictionHeadTransform(cfg) for _ in range(LAYERS)])
         self.decoder_bias = nn.Parameter(torch.zeros(VOCAB))
         self.poolers = nn.ModuleList([nn.Linear(hidden, hidden) for _ in range(LAYERS)])
         self.sop = nn.ModuleList([nn.Linear(hidden, 2) for _ in range(LAYERS)])
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, attention_mask: torch.Tensor,
-                mlm_labels: torch.Tensor, sop_labels: torch.Tensor) -> torch.Tensor:
-        out = self.bert(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
-                        output_hidden_states=True)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        mlm_labels: torch.Tensor,
+        sop_labels: torch.Tensor,
+    ) -> torch.Tensor:
+        out = self.bert(
+            input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask, output_hidden_states=True
+        )
         flat = mlm_labels.view(-1)
         masked = (flat != -100).nonzero(as_tuple=True)[0]
         targets = flat[masked]
@@ -131,10 +155,16 @@ class PlainBertMultiExit(nn.Module):
 
 
 def model_config(hidden: int, dropout: float = 0.1) -> ElasticBertConfig:
-    return ElasticBertConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=LAYERS,
-                             num_attention_heads=hidden // 64, intermediate_size=4 * hidden,
-                             max_position_embeddings=512, hidden_dropout_prob=dropout,
-                             attention_probs_dropout_prob=dropout)
+    return ElasticBertConfig(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=hidden // 64,
+        intermediate_size=4 * hidden,
+        max_position_embeddings=512,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+    )
 
 
 class Runner:
@@ -151,8 +181,9 @@ class Runner:
 class Variant:
     """One way of running a training step (forward + backward + AdamW) on the shared batches."""
 
-    def __init__(self, name: str, runner: Runner, groups: int = 2, bf16: bool = False,
-                 encoder_only: bool = False) -> None:
+    def __init__(
+        self, name: str, runner: Runner, groups: int = 2, bf16: bool = False, encoder_only: bool = False
+    ) -> None:
         self.name, self.runner, self.bf16, self.encoder_only = name, runner, bf16, encoder_only
         self.cfg = runner.cfg
         self.groups = exit_groups(LAYERS, groups) if groups > 1 else [tuple(range(1, LAYERS + 1))]
@@ -168,8 +199,9 @@ class Variant:
             if self.runner.kind == "baseline":
                 loss = model(**batch)
             elif self.encoder_only:
-                out = model.elasticbert(batch["input_ids"], attention_mask=batch["attention_mask"],
-                                        token_type_ids=batch["token_type_ids"])
+                out = model.elasticbert(
+                    batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"]
+                )
                 loss = out.last_hidden_state.float().square().mean()
             else:
                 loss = model(**batch, active_exits=active, gradient_equilibrium=True).loss
@@ -184,7 +216,7 @@ class Variant:
         """Fastest whole group cycle (G=2: mean of a group-0 and a group-1 step). The minimum, not the median: on a
         shared machine other processes only ever add time, so the fastest round is the least disturbed one."""
         g = len(self.groups)
-        cycles = [sum(self.times[i:i + g]) / g for i in range(0, len(self.times) - g + 1, g)]
+        cycles = [sum(self.times[i : i + g]) / g for i in range(0, len(self.times) - g + 1, g)]
         return min(cycles)
 
     def useful_flops_per_step(self, batch: dict[str, torch.Tensor]) -> float:
@@ -234,8 +266,14 @@ def bf16_trains_as_well(samples: list[dict], hidden: int, steps: int, batch: int
     # compare like with like: the same steps (same groups) at the end of training
     f32 = float(np.mean(curves["fp32"][-tail:]))
     b16 = float(np.mean(curves["bf16"][-tail:]))
-    return {"steps": steps, "fp32_final": f32, "bf16_final": b16, "fp32_first": curves["fp32"][0],
-            "relative_gap": (b16 - f32) / f32, "as_well": b16 <= f32 * 1.01}
+    return {
+        "steps": steps,
+        "fp32_final": f32,
+        "bf16_final": b16,
+        "fp32_first": curves["fp32"][0],
+        "relative_gap": (b16 - f32) / f32,
+        "as_well": b16 <= f32 * 1.01,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------- main
@@ -248,27 +286,38 @@ def projection(peak_tflops: float = 312.0, mfu: float = 0.40, gpus: int = 64) ->
     fpt = sum(training_flops_per_token(cfg, g, seq, 0.15) for g in groups) / len(groups)
     step_flops = fpt * gb * seq
     step_s = step_flops / (gpus * peak_tflops * 1e12 * mfu)
-    return {"flops_per_token": fpt, "step_pflop": step_flops / 1e15, "step_s": step_s,
-            "total_hours": step_s * steps / 3600, "tokens": gb * seq * steps,
-            "assumptions": f"{gpus} x A100 (bf16 dense peak {peak_tflops:.0f} TFLOP/s), MFU {mfu:.0%} (typical for "
-                           "BERT-base at seq 512 with fused attention; ZeRO-1 gradient all-reduce overlapped on "
-                           "NVLink/IB), seq 512, global batch 4096, 125k steps, G=2, data loading hidden "
-                           "(see headroom)"}
+    return {
+        "flops_per_token": fpt,
+        "step_pflop": step_flops / 1e15,
+        "step_s": step_s,
+        "total_hours": step_s * steps / 3600,
+        "tokens": gb * seq * steps,
+        "assumptions": f"{gpus} x A100 (bf16 dense peak {peak_tflops:.0f} TFLOP/s), MFU {mfu:.0%} (typical for "
+        "BERT-base at seq 512 with fused attention; ZeRO-1 gradient all-reduce overlapped on "
+        "NVLink/IB), seq 512, global batch 4096, 125k steps, G=2, data loading hidden "
+        "(see headroom)",
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer rounds and steps (noisier)")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                    help="torch threads (1 is steadier on a machine shared with other jobs)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="torch threads (1 is steadier on a machine shared with other jobs)",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
     results: dict = {"threads": threads, "torch": torch.__version__, "loadavg_start": os.getloadavg()[0]}
-    print(f"pretrain step benchmark: 12 layers, seq {SEQ}, vocab {VOCAB}, {threads} thread(s), torch "
-          f"{torch.__version__}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"pretrain step benchmark: 12 layers, seq {SEQ}, vocab {VOCAB}, {threads} thread(s), torch "
+        f"{torch.__version__}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
 
     with tempfile.TemporaryDirectory() as tmp:
         dataset, samples = prepare_samples(Path(tmp))
@@ -279,10 +328,12 @@ def main() -> None:
         quality = bf16_trains_as_well(samples, 256, steps=12 if args.quick else 24, batch=8)
         results["bf16_quality"] = quality
         default_bf16 = quality["as_well"]
-        print(f"(e) bf16 autocast vs fp32, hidden 256, {quality['steps']} steps from the same init: final loss "
-              f"bf16 {quality['bf16_final']:.4f} vs fp32 {quality['fp32_final']:.4f} "
-              f"(gap {quality['relative_gap']:+.2%}; start {quality['fp32_first']:.3f}) -> default step uses "
-              f"{'bf16 autocast' if default_bf16 else 'fp32'}")
+        print(
+            f"(e) bf16 autocast vs fp32, hidden 256, {quality['steps']} steps from the same init: final loss "
+            f"bf16 {quality['bf16_final']:.4f} vs fp32 {quality['fp32_final']:.4f} "
+            f"(gap {quality['relative_gap']:+.2%}; start {quality['fp32_first']:.3f}) -> default step uses "
+            f"{'bf16 autocast' if default_bf16 else 'fp32'}"
+        )
 
         for hidden, batch in ((256, 16), (768, 8)):
             rounds = 2 if args.quick else args.rounds
@@ -310,29 +361,43 @@ def main() -> None:
 
             t0 = time.perf_counter()
             for s in range(0, len(keys), batch):
-                collate([dataset[i] for i in keys[s:s + batch]])
+                collate([dataset[i] for i in keys[s : s + batch]])
             build_rate = len(keys) / (time.perf_counter() - t0)
             consume_rate = batch / t[default]
             r = {
-                "batch": batch, "step_s": t, "default": default,
+                "batch": batch,
+                "step_s": t,
+                "default": default,
                 "a_speedup_vs_baseline": t["baseline"] / t[default],
-                "b_g2_vs_g1_fp32": t["g1_fp32"] / t["g2_fp32"], "heads_share_g1": heads_share,
-                "c_mfu_fp32": mfu32, "c_mfu_bf16": mfu16, "tokens_per_s_default": tokens_per_s,
-                "d_build_samples_per_s": build_rate, "d_consume_samples_per_s": consume_rate,
+                "b_g2_vs_g1_fp32": t["g1_fp32"] / t["g2_fp32"],
+                "heads_share_g1": heads_share,
+                "c_mfu_fp32": mfu32,
+                "c_mfu_bf16": mfu16,
+                "tokens_per_s_default": tokens_per_s,
+                "d_build_samples_per_s": build_rate,
+                "d_consume_samples_per_s": consume_rate,
                 "d_headroom": build_rate / consume_rate,
             }
             results[f"hidden_{hidden}"] = r
-            print(f"\nhidden {hidden}, batch {batch} x {SEQ}, {rounds} interleaved rounds (fastest round), matmul "
-                  f"peak fp32 {peak32 / 1e9:.0f} GFLOP/s, bf16 {peak16 / 1e9:.0f} GFLOP/s:")
+            print(
+                f"\nhidden {hidden}, batch {batch} x {SEQ}, {rounds} interleaved rounds (fastest round), matmul "
+                f"peak fp32 {peak32 / 1e9:.0f} GFLOP/s, bf16 {peak16 / 1e9:.0f} GFLOP/s:"
+            )
             for k, v in variants.items():
                 print(f"  {v.name:<40} {t[k] * 1e3:9.1f} ms")
             print(f"  (a) default step ({default}) vs baseline: {r['a_speedup_vs_baseline']:.2f}x  (target >= 2x)")
-            print(f"  (b) G=2 vs G=1 at fp32: {r['b_g2_vs_g1_fp32']:.2f}x (target >= 1.25x); heads' share of a G=1 "
-                  f"step: {heads_share:.0%}")
-            print(f"  (c) useful FLOP/s / peak: fp32 {mfu32:.0%} of the fp32 peak, bf16 {mfu16:.0%} of the bf16 peak"
-                  f"  (target >= 65 % at hidden 768)")
-            print(f"  (d) sample building {build_rate:.0f} samples/s (1 process) vs training consumption "
-                  f"{consume_rate:.1f} samples/s: {r['d_headroom']:.0f}x headroom (target >= 10x)")
+            print(
+                f"  (b) G=2 vs G=1 at fp32: {r['b_g2_vs_g1_fp32']:.2f}x (target >= 1.25x); heads' share of a G=1 "
+                f"step: {heads_share:.0%}"
+            )
+            print(
+                f"  (c) useful FLOP/s / peak: fp32 {mfu32:.0%} of the fp32 peak, bf16 {mfu16:.0%} of the bf16 peak"
+                f"  (target >= 65 % at hidden 768)"
+            )
+            print(
+                f"  (d) sample building {build_rate:.0f} samples/s (1 process) vs training consumption "
+                f"{consume_rate:.1f} samples/s: {r['d_headroom']:.0f}x headroom (target >= 10x)"
+            )
             del ours, base, variants  # free ~4 GB before the next size
 
     results["peak_gflops"] = {k: v / 1e9 for k, v in peaks.items()}
@@ -340,9 +405,11 @@ def main() -> None:
     print(f"\nload average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     p = projection()
     results["projection"] = p
-    print(f"\nprojection, ElasticBERT-base on 64 GPUs: {p['flops_per_token'] / 1e6:.0f} MFLOP per token (fwd+bwd, "
-          f"G=2 average), {p['step_pflop']:.2f} PFLOP per step -> {p['step_s']:.2f} s/step, "
-          f"{p['total_hours']:.1f} h for 125k steps ({p['tokens'] / 1e9:.0f}B tokens)")
+    print(
+        f"\nprojection, ElasticBERT-base on 64 GPUs: {p['flops_per_token'] / 1e6:.0f} MFLOP per token (fwd+bwd, "
+        f"G=2 average), {p['step_pflop']:.2f} PFLOP per step -> {p['step_s']:.2f} s/step, "
+        f"{p['total_hours']:.1f} h for 125k steps ({p['tokens'] / 1e9:.0f}B tokens)"
+    )
     print(f"  assumptions: {p['assumptions']}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -37,16 +37,23 @@ def add_output(parser: argparse.ArgumentParser | Any, help: str, required: bool 
     parser.add_argument("--output", required=required, metavar=kwargs.pop("metavar", "PATH"), help=help, **kwargs)
 
 
-def add_max_examples(parser: argparse.ArgumentParser | Any, which: str = "", help: str | None = None,
-                     default: int | None = None) -> None:
+def add_max_examples(
+    parser: argparse.ArgumentParser | Any, which: str = "", help: str | None = None, default: int | None = None
+) -> None:
     """`--max-examples N` (or `--max-{which}-examples N`): a seeded random subset, for small CPU runs."""
     flag = f"--max-{which}-examples" if which else "--max-examples"
-    parser.add_argument(flag, type=int, default=default, metavar="N",
-                        help=help or f"use a seeded random subset of N {which + ' ' if which else ''}examples")
+    parser.add_argument(
+        flag,
+        type=int,
+        default=default,
+        metavar="N",
+        help=help or f"use a seeded random subset of N {which + ' ' if which else ''}examples",
+    )
 
 
-def config_argument(parser: argparse.ArgumentParser | Any, cls: type, name: str, *flags: str,
-                    help: str | None = None, **overrides: Any) -> argparse.Action:
+def config_argument(
+    parser: argparse.ArgumentParser | Any, cls: type, name: str, *flags: str, help: str | None = None, **overrides: Any
+) -> argparse.Action:
     """An option for dataclass field `cls.name`: its default, its `Literal` choices, its type; booleans become
     `--x/--no-x`. `overrides` are passed to `add_argument` as they are (e.g. `type=` for a field needing parsing)."""
     field = {f.name: f for f in dataclasses.fields(cls)}[name]

@@ -77,8 +77,13 @@ def resolve_env(environ: Mapping[str, str] | None = None, export: bool | None = 
         addr = env.get("MASTER_ADDR", "127.0.0.1")
         port = int(env.get("MASTER_PORT") or free_port())
     if export:
-        os.environ.update({
-            "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local),
-            "MASTER_ADDR": addr, "MASTER_PORT": str(port),
-        })
+        os.environ.update(
+            {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_RANK": str(local),
+                "MASTER_ADDR": addr,
+                "MASTER_PORT": str(port),
+            }
+        )
     return DistEnv(rank, world, local, addr, port, launcher)

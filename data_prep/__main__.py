@@ -59,20 +59,42 @@ def default_workers() -> int:
 
 def _input_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("input reading")
-    config_argument(g, PrepConfig, "doc_boundary",
-                    help="plain text: a document ends at a blank line, at every line, or is the whole file (cut "
-                         "every --max-doc-bytes at a paragraph break; e.g. books). auto: blank if the file has "
-                         "blank lines, else line")
-    config_argument(g, PrepConfig, "strip_gutenberg",
-                    help="remove Project Gutenberg headers/license footers (--no-strip-gutenberg keeps them)")
-    config_argument(g, PrepConfig, "on_decode_error",
-                    help="invalid UTF-8: replace with U+FFFD and count, or stop with an error naming file and line")
+    config_argument(
+        g,
+        PrepConfig,
+        "doc_boundary",
+        help="plain text: a document ends at a blank line, at every line, or is the whole file (cut "
+        "every --max-doc-bytes at a paragraph break; e.g. books). auto: blank if the file has "
+        "blank lines, else line",
+    )
+    config_argument(
+        g,
+        PrepConfig,
+        "strip_gutenberg",
+        help="remove Project Gutenberg headers/license footers (--no-strip-gutenberg keeps them)",
+    )
+    config_argument(
+        g,
+        PrepConfig,
+        "on_decode_error",
+        help="invalid UTF-8: replace with U+FFFD and count, or stop with an error naming file and line",
+    )
     config_argument(g, PrepConfig, "text_field", help="JSONL field / dataset column holding the text")
     config_argument(g, PrepConfig, "hf_split", help="split of a Hugging Face DatasetDict / hub dataset")
-    config_argument(g, PrepConfig, "max_doc_bytes", type=parse_size, metavar="SIZE",
-                    help="cut documents longer than this many bytes (bounded memory)")
-    g.add_argument("--allow-empty", action=argparse.BooleanOptionalAction, default=False,
-                   help="skip empty input files instead of failing (default: fail)")
+    config_argument(
+        g,
+        PrepConfig,
+        "max_doc_bytes",
+        type=parse_size,
+        metavar="SIZE",
+        help="cut documents longer than this many bytes (bounded memory)",
+    )
+    g.add_argument(
+        "--allow-empty",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="skip empty input files instead of failing (default: fail)",
+    )
 
 
 def _add_train_tokenizer(sub: Any) -> None:
@@ -82,38 +104,63 @@ def _add_train_tokenizer(sub: Any) -> None:
     p.add_argument("--vocab", help="adopt this vocab.txt (or a folder holding one) instead of training")
     config_argument(p, TokenizerTraining, "kind", help="wordpiece (tokenizers) or sentencepiece unigram/bpe")
     config_argument(p, TokenizerTraining, "vocab_size", help="vocabulary size to train")
-    p.add_argument("--cased", action=argparse.BooleanOptionalAction, default=False,
-                   help="keep case (--no-cased: lower-case)")
-    p.add_argument("--max-bytes", type=parse_size, default=1 << 30, metavar="SIZE",
-                   help="train on at most this much text, in input order (default 1G)")
+    p.add_argument(
+        "--cased", action=argparse.BooleanOptionalAction, default=False, help="keep case (--no-cased: lower-case)"
+    )
+    p.add_argument(
+        "--max-bytes",
+        type=parse_size,
+        default=1 << 30,
+        metavar="SIZE",
+        help="train on at most this much text, in input order (default 1G)",
+    )
     p.add_argument("--threads", type=int, default=default_workers())
     _input_options(p)
 
 
 def _add_tokenize(sub: Any) -> None:
     p = sub.add_parser("tokenize", help="tokenize a corpus into train/valid shards")
-    p.add_argument("inputs", nargs="+", help="files, folders, globs (.txt/.jsonl, .gz/.zst), dataset dirs, "
-                                             "hf:NAME[:CONFIG]")
+    p.add_argument(
+        "inputs", nargs="+", help="files, folders, globs (.txt/.jsonl, .gz/.zst), dataset dirs, hf:NAME[:CONFIG]"
+    )
     add_output(p, help="the prepared-corpus directory")
-    p.add_argument("--tokenizer", help="vocab.txt, folder with vocab.txt, spm .model or data_prep tokenizer dir "
-                                       "(default: OUTPUT/tokenizer from train-tokenizer)")
+    p.add_argument(
+        "--tokenizer",
+        help="vocab.txt, folder with vocab.txt, spm .model or data_prep tokenizer dir "
+        "(default: OUTPUT/tokenizer from train-tokenizer)",
+    )
     p.add_argument("--workers", type=int, default=default_workers(), help="worker processes (default: CPUs)")
     p.add_argument("--threads-per-worker", type=int, default=1, help="tokenizer threads per worker (default 1)")
     p.add_argument("--num-tasks", type=int, default=None, help="Slurm array size J (default SLURM_ARRAY_TASK_COUNT)")
     p.add_argument("--task-index", type=int, default=None, help="this task j (default from SLURM_ARRAY_TASK_ID)")
-    config_argument(p, PrepConfig, "shard_tokens", type=parse_size, metavar="SIZE",
-                    help="shard size target in tokens")
-    config_argument(p, PrepConfig, "unit_bytes", "--unit-size", type=parse_size, metavar="SIZE",
-                    help="work-unit size in bytes of text; 0 = shard-tokens x 4")
+    config_argument(p, PrepConfig, "shard_tokens", type=parse_size, metavar="SIZE", help="shard size target in tokens")
+    config_argument(
+        p,
+        PrepConfig,
+        "unit_bytes",
+        "--unit-size",
+        type=parse_size,
+        metavar="SIZE",
+        help="work-unit size in bytes of text; 0 = shard-tokens x 4",
+    )
     config_argument(p, PrepConfig, "valid_fraction", help="held-out fraction of documents")
     config_argument(p, PrepConfig, "split_seed", help="seed of the document -> split hash")
     config_argument(p, PrepConfig, "max_sentence_tokens", help="cut longer sentences (0 = never)")
-    p.add_argument("--finalize", action=argparse.BooleanOptionalAction, default=None,
-                   help="write the shards and manifest when this task is done (default: when it is the only task)")
-    p.add_argument("--rehash", action=argparse.BooleanOptionalAction, default=True,
-                   help="on resume, re-hash finished units (default; --no-rehash trusts their sizes)")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
-                   help="show a progress bar (default)")
+    p.add_argument(
+        "--finalize",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="write the shards and manifest when this task is done (default: when it is the only task)",
+    )
+    p.add_argument(
+        "--rehash",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="on resume, re-hash finished units (default; --no-rehash trusts their sizes)",
+    )
+    p.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=True, help="show a progress bar (default)"
+    )
     _input_options(p)
 
 
@@ -157,32 +204,46 @@ def _cmd_train_tokenizer(args: argparse.Namespace) -> int:
         if final.exists():
             raise DataPrepError(f"{final}: a tokenizer already exists; use another --output or delete it first")
         texts = iter_corpus_texts(args.inputs, max_bytes=args.max_bytes, **_prep_settings(args))
-        meta = train_tokenizer(texts, final, kind=args.kind, vocab_size=args.vocab_size, lowercase=not args.cased,
-                               threads=args.threads)
+        meta = train_tokenizer(
+            texts, final, kind=args.kind, vocab_size=args.vocab_size, lowercase=not args.cased, threads=args.threads
+        )
     print(f"{final}: {meta['kind']} tokenizer, vocab {meta['vocab_size']}, sha256 {meta['sha256']}")
     return 0
 
 
 def _cmd_tokenize(args: argparse.Namespace) -> int:
     res = tokenize_corpus(
-        args.inputs, args.output, tokenizer=args.tokenizer, workers=args.workers, num_tasks=args.num_tasks,
-        task_index=args.task_index, threads_per_worker=args.threads_per_worker, progress=args.progress,
-        finalize=args.finalize, allow_empty=args.allow_empty, rehash=args.rehash, **_prep_settings(args),
+        args.inputs,
+        args.output,
+        tokenizer=args.tokenizer,
+        workers=args.workers,
+        num_tasks=args.num_tasks,
+        task_index=args.task_index,
+        threads_per_worker=args.threads_per_worker,
+        progress=args.progress,
+        finalize=args.finalize,
+        allow_empty=args.allow_empty,
+        rehash=args.rehash,
+        **_prep_settings(args),
     )
     if "splits" in res:
         _print_manifest(args.output, res)
     else:
-        print(f"task {res['task']}/{res['num_tasks']}: {len(res['units'])} units complete "
-              f"({len(res['units_done_now'])} now); when every task is done: "
-              f"python -m data_prep finalize {args.output}")
+        print(
+            f"task {res['task']}/{res['num_tasks']}: {len(res['units'])} units complete "
+            f"({len(res['units_done_now'])} now); when every task is done: "
+            f"python -m data_prep finalize {args.output}"
+        )
     return 0
 
 
 def _print_manifest(out: str, m: dict[str, Any]) -> None:
     parts = []
     for split, info in m["splits"].items():
-        parts.append(f"{split}: {len(info['shards'])} shards, {info['docs']:,} docs, {info['sentences']:,} sentences, "
-                     f"{info['tokens']:,} tokens")
+        parts.append(
+            f"{split}: {len(info['shards'])} shards, {info['docs']:,} docs, {info['sentences']:,} sentences, "
+            f"{info['tokens']:,} tokens"
+        )
     print(f"{out}: " + "; ".join(parts) + f" -> {Path(out) / 'manifest.json'}")
     if m["totals"].get("decode_errors"):
         print(f"{out}: {m['totals']['decode_errors']} undecodable byte sequences were replaced by U+FFFD")
@@ -210,8 +271,11 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "train-tokenizer": _cmd_train_tokenizer, "tokenize": _cmd_tokenize, "finalize": _cmd_finalize,
-    "verify": _cmd_verify, "stats": _cmd_stats,
+    "train-tokenizer": _cmd_train_tokenizer,
+    "tokenize": _cmd_tokenize,
+    "finalize": _cmd_finalize,
+    "verify": _cmd_verify,
+    "stats": _cmd_stats,
 }
 
 

@@ -108,8 +108,16 @@ def tokenize_corpus(
     keys = unit_keys(plan)
     mine = list(range(j, len(plan["units"]), J))
     todo = _units_to_do(out, keys, mine, rehash)
-    log.info("%s: %d units planned, task %d/%d has %d (%d already done, %d to do)", out, len(plan["units"]), j, J,
-             len(mine), len(mine) - len(todo), len(todo))
+    log.info(
+        "%s: %d units planned, task %d/%d has %d (%d already done, %d to do)",
+        out,
+        len(plan["units"]),
+        j,
+        J,
+        len(mine),
+        len(mine) - len(todo),
+        len(todo),
+    )
     ctx = UnitContext(out, plan, keys, out / "tokenizer")
     bar = Progress(sum(unit_size(plan, u) for u in todo), progress, f"tokenize[{j}/{J}]" if J > 1 else "tokenize")
     t0 = time.perf_counter()
@@ -194,8 +202,11 @@ def _record_plan(out: Path, plan: dict[str, Any], phash: str) -> None:
             )
         if old.get("plan_hash") == phash:
             return
-        log.warning("%s: inputs changed since the last run (%s): units whose bytes changed will be redone",
-                    out, plan_difference(old["plan"], plan))
+        log.warning(
+            "%s: inputs changed since the last run (%s): units whose bytes changed will be redone",
+            out,
+            plan_difference(old["plan"], plan),
+        )
     atomic_write_json(plan_path, {"plan_hash": phash, "plan": plan})
 
 
@@ -216,8 +227,9 @@ def _unit_record(info: dict[str, Any], u: int, plan: dict[str, Any]) -> dict[str
     return {**info, "unit": u, "segments": plan["units"][u]}
 
 
-def _task_record(ctx: UnitContext, phash: str, mine: list[int], todo: list[int], task: tuple[int, int],
-                 seconds: float, workers: int) -> dict[str, Any]:
+def _task_record(
+    ctx: UnitContext, phash: str, mine: list[int], todo: list[int], task: tuple[int, int], seconds: float, workers: int
+) -> dict[str, Any]:
     """What array task j of J did: its units (without their parts), those done now, time and workers."""
     j, J = task
     units = {u: load_unit(ctx.out, ctx.keys[u], rehash=False) for u in mine}
@@ -225,8 +237,11 @@ def _task_record(ctx: UnitContext, phash: str, mine: list[int], todo: list[int],
         "task": j,
         "num_tasks": J,
         "plan_hash": phash,
-        "units": {str(u): {k: v for k, v in _unit_record(info, u, ctx.plan).items() if k != "parts"}
-                  for u, info in units.items() if info},
+        "units": {
+            str(u): {k: v for k, v in _unit_record(info, u, ctx.plan).items() if k != "parts"}
+            for u, info in units.items()
+            if info
+        },
         "units_done_now": todo,
         "seconds": round(seconds, 3),
         "workers": workers,
@@ -255,14 +270,21 @@ def finalize_dir(out_dir: str | os.PathLike) -> dict[str, Any]:
     meta = load_meta(out / "tokenizer")
     if meta["sha256"] != plan["tokenizer_sha256"]:
         raise DataPrepError(f"{out / 'tokenizer'}: tokenizer differs from the one the units were made with")
-    splits = {split: _write_split(out, split, infos, keys, np.dtype(meta["dtype"]), plan["config"]["shard_tokens"])
-              for split in SPLITS}
+    splits = {
+        split: _write_split(out, split, infos, keys, np.dtype(meta["dtype"]), plan["config"]["shard_tokens"])
+        for split in SPLITS
+    }
     manifest = _manifest(plan, phash, meta, infos, splits)
     _check_totals(out, manifest)
     atomic_write_json(manifest_path, manifest)
     _prune_units(out, keys)
-    log.info("%s: finalized: %d train + %d valid shards, %d tokens", out, len(splits["train"]["shards"]),
-             len(splits["valid"]["shards"]), manifest["totals"]["tokens"])
+    log.info(
+        "%s: finalized: %d train + %d valid shards, %d tokens",
+        out,
+        len(splits["train"]["shards"]),
+        len(splits["valid"]["shards"]),
+        manifest["totals"]["tokens"],
+    )
     return manifest
 
 
@@ -277,8 +299,10 @@ def _finished_units(out: Path, plan: dict[str, Any], keys: list[str]) -> list[di
         else:
             infos.append(_unit_record(info, u, plan))
     if missing:
-        hint = "".join(f"; with --num-tasks {J}: rerun task(s) {sorted({u % J for u in missing})[:20]}"
-                       for J in recorded_task_counts(out))
+        hint = "".join(
+            f"; with --num-tasks {J}: rerun task(s) {sorted({u % J for u in missing})[:20]}"
+            for J in recorded_task_counts(out)
+        )
         shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
         raise DataPrepError(
             f"{out}: {len(missing)} of {len(keys)} work units missing or incomplete (units {shown}){hint}"
@@ -303,14 +327,16 @@ def _pack(parts: list[tuple[int, dict[str, Any]]], limit: int) -> list[list[tupl
     return groups
 
 
-def _write_split(out: Path, split: str, infos: list[dict[str, Any]], keys: list[str], dtype: np.dtype,
-                 limit: int) -> dict[str, Any]:
+def _write_split(
+    out: Path, split: str, infos: list[dict[str, Any]], keys: list[str], dtype: np.dtype, limit: int
+) -> dict[str, Any]:
     """The shards of one split from the units' parts, and the split's manifest entry."""
     sdir = out / split
     sdir.mkdir(exist_ok=True)
     parts = [(info["unit"], p) for info in infos for p in info["parts"][split]]
-    shards = [_write_shard(sdir / f"shard_{k:05d}", group, out, keys, dtype)
-              for k, group in enumerate(_pack(parts, limit))]
+    shards = [
+        _write_shard(sdir / f"shard_{k:05d}", group, out, keys, dtype) for k, group in enumerate(_pack(parts, limit))
+    ]
     # shard files of an earlier, different layout would be picked up by nobody: remove strays
     names = {s["name"] for s in shards}
     for f in sdir.glob("shard_*"):
@@ -325,8 +351,9 @@ def _write_split(out: Path, split: str, infos: list[dict[str, Any]], keys: list[
     }
 
 
-def _write_shard(stem: Path, group: list[tuple[int, dict[str, Any]]], out: Path, keys: list[str],
-                 dtype: np.dtype) -> dict[str, Any]:
+def _write_shard(
+    stem: Path, group: list[tuple[int, dict[str, Any]]], out: Path, keys: list[str], dtype: np.dtype
+) -> dict[str, Any]:
     """`stem`.bin/.idx from a group of unit parts: a lone part is hard-linked, several are concatenated."""
     bin_path, idx_path = stem.with_suffix(".bin"), stem.with_suffix(".idx")
     part_stems = [unit_dir(out, keys[u]) / p["name"] for u, p in group]
@@ -352,8 +379,9 @@ def _place(src: Path, dest: Path) -> None:
             shutil.copyfile(src, tmp)
 
 
-def _manifest(plan: dict[str, Any], phash: str, meta: dict[str, Any], infos: list[dict[str, Any]],
-              splits: dict[str, Any]) -> dict[str, Any]:
+def _manifest(
+    plan: dict[str, Any], phash: str, meta: dict[str, Any], infos: list[dict[str, Any]], splits: dict[str, Any]
+) -> dict[str, Any]:
     units = [{k: v for k, v in info.items() if k != "parts"} for info in infos]
     return {
         "format": FORMAT,
@@ -383,8 +411,12 @@ def _check_totals(out: Path, manifest: dict[str, Any]) -> None:
     if totals["docs"] == 0:
         raise DataPrepError(f"{out}: the inputs produced no documents (all empty after stripping?)")
     if config["valid_fraction"] > 0 and manifest["splits"]["valid"]["docs"] == 0:
-        log.warning("%s: the validation split is empty (%d documents x valid_fraction %g): raise --valid-fraction",
-                    out, totals["docs"], config["valid_fraction"])
+        log.warning(
+            "%s: the validation split is empty (%d documents x valid_fraction %g): raise --valid-fraction",
+            out,
+            totals["docs"],
+            config["valid_fraction"],
+        )
 
 
 def _prune_units(out: Path, keys: list[str]) -> None:

@@ -79,8 +79,9 @@ def make_config(config: PrepConfig | None = None, **overrides: Any) -> PrepConfi
 # ------------------------------------------------------------------------------------------------ planning
 
 
-def build_plan(inputs: Sequence[str], cfg: dict[str, Any], tokenizer_sha256: str, out_dir: Path | None,
-               allow_empty: bool = False) -> dict[str, Any]:
+def build_plan(
+    inputs: Sequence[str], cfg: dict[str, Any], tokenizer_sha256: str, out_dir: Path | None, allow_empty: bool = False
+) -> dict[str, Any]:
     """Sources (described, sorted) + units. Depends on the inputs and settings only."""
     specs = S.discover(inputs, exclude=out_dir)
     described = []

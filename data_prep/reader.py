@@ -33,9 +33,7 @@ class PreparedCorpus:
         if not self.path.is_dir():
             raise DataPrepError(f"{self.path}: prepared corpus directory not found")
         if not mpath.is_file():
-            raise DataPrepError(
-                f"{mpath}: missing (not a prepared corpus, or tokenize/finalize has not finished)"
-            )
+            raise DataPrepError(f"{mpath}: missing (not a prepared corpus, or tokenize/finalize has not finished)")
         raw = mpath.read_bytes()
         self.manifest_hash: str = hashlib.sha256(raw).hexdigest()
         try:
@@ -50,8 +48,10 @@ class PreparedCorpus:
         tok = manifest["tokenizer"]
         self.tokenizer_dir: Path = self.path / tok.get("dir", "tokenizer")
         self.vocab_size: int = int(tok["vocab_size"])
-        self.special_ids: dict[str, int] = {**{k: int(v) for k, v in tok["special_ids"].items()},
-                                            "vocab_size": self.vocab_size}
+        self.special_ids: dict[str, int] = {
+            **{k: int(v) for k, v in tok["special_ids"].items()},
+            "vocab_size": self.vocab_size,
+        }
         self.dtype = np.dtype(manifest["dtype"])
         shards = manifest["splits"][split]["shards"]
         self.shard_names: list[str] = [s["name"] for s in shards]
@@ -179,8 +179,10 @@ class PreparedCorpus:
         return self._locate(self._sents, int(i), self.num_sentences, "sentence")[0]
 
     def __repr__(self) -> str:
-        return (f"PreparedCorpus({str(self.path)!r}, split={self.split!r}: {self.num_docs} docs, "
-                f"{self.num_sentences} sentences, {self.num_tokens} tokens in {self.num_shards} shards)")
+        return (
+            f"PreparedCorpus({str(self.path)!r}, split={self.split!r}: {self.num_docs} docs, "
+            f"{self.num_sentences} sentences, {self.num_tokens} tokens in {self.num_shards} shards)"
+        )
 
     # ---------------------------------------------------------------------------------------------- pickle
 

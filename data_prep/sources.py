@@ -259,8 +259,9 @@ def _gutenberg_range(head: bytes, tail: bytes, tail_offset: int) -> tuple[int, i
     return start, end if end is not None else -1
 
 
-def describe(spec: SourceSpec, doc_boundary: DocBoundary, strip_gutenberg: bool, hf_split: str,
-             text_field: str) -> dict:
+def describe(
+    spec: SourceSpec, doc_boundary: DocBoundary, strip_gutenberg: bool, hf_split: str, text_field: str
+) -> dict:
     """Stat a source and fix the facts units need: size, mtime, content byte range, and the document boundary it
     is read with ("auto" resolved to "blank" or "line"; "record" for JSONL, "row" for datasets)."""
     if spec.kind in ("hf", "hub"):
@@ -305,8 +306,10 @@ def describe(spec: SourceSpec, doc_boundary: DocBoundary, strip_gutenberg: bool,
     if spec.kind == "jsonl":
         boundary = "record"
     elif doc_boundary == "auto":
-        sample = head if start <= 3 else b"".join(
-            d for _, d in iter_blocks(path, spec.compression, start, start + HEAD_BYTES)
+        sample = (
+            head
+            if start <= 3
+            else b"".join(d for _, d in iter_blocks(path, spec.compression, start, start + HEAD_BYTES))
         )
         boundary = "blank" if SEP_BLANK.search(sample) else "line"
     else:
@@ -457,8 +460,9 @@ class ReadStats:
 class DocumentReader:
     """Streams (doc offset, text) of one segment of one source, applying the decode-error policy."""
 
-    def __init__(self, src: dict, on_decode_error: DecodeErrorPolicy, text_field: str, max_doc_bytes: int,
-                 stats: ReadStats) -> None:
+    def __init__(
+        self, src: dict, on_decode_error: DecodeErrorPolicy, text_field: str, max_doc_bytes: int, stats: ReadStats
+    ) -> None:
         self.src = src
         self.path = src["path"]
         self.policy = on_decode_error
@@ -603,8 +607,7 @@ class DocumentReader:
             for i, text in enumerate(col):
                 if text is None or not isinstance(text, str):
                     raise DataPrepError(
-                        f"{self.path}: record {a + i}: field {self.text_field!r} is "
-                        f"{type(text).__name__}, not a string"
+                        f"{self.path}: record {a + i}: field {self.text_field!r} is {type(text).__name__}, not a string"
                     )
                 n = len(text)
                 self.stats.bytes_read += n

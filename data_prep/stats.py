@@ -48,12 +48,20 @@ def split_stats(corpus: PreparedCorpus) -> dict[str, Any]:
         "sentences": corpus.num_sentences,
         "tokens": corpus.num_tokens,
         "shards": corpus.num_shards,
-        "tokens_per_sentence": {"mean": corpus.num_tokens / max(1, corpus.num_sentences), "max": max_sent,
-                                **dict(zip(("p50", "p90", "p99"), _percentiles(sent_hist, qs)))},
-        "tokens_per_doc": {"mean": corpus.num_tokens / max(1, corpus.num_docs), "max": max_doc,
-                           **dict(zip(("p50", "p90", "p99"), _percentiles(doc_tok_hist, qs)))},
-        "sentences_per_doc": {"mean": corpus.num_sentences / max(1, corpus.num_docs),
-                              **dict(zip(("p50", "p90", "p99"), _percentiles(doc_sent_hist, qs)))},
+        "tokens_per_sentence": {
+            "mean": corpus.num_tokens / max(1, corpus.num_sentences),
+            "max": max_sent,
+            **dict(zip(("p50", "p90", "p99"), _percentiles(sent_hist, qs))),
+        },
+        "tokens_per_doc": {
+            "mean": corpus.num_tokens / max(1, corpus.num_docs),
+            "max": max_doc,
+            **dict(zip(("p50", "p90", "p99"), _percentiles(doc_tok_hist, qs))),
+        },
+        "sentences_per_doc": {
+            "mean": corpus.num_sentences / max(1, corpus.num_docs),
+            **dict(zip(("p50", "p90", "p99"), _percentiles(doc_sent_hist, qs))),
+        },
         "_hist": {"sentence_tokens": sent_hist, "doc_tokens": doc_tok_hist, "doc_sentences": doc_sent_hist},
     }
 
@@ -66,8 +74,11 @@ def _plot(stats: dict[str, Any], split: str, path: Path) -> None:
 
     h = stats["_hist"]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for ax, key, title in zip(axes, ("sentence_tokens", "doc_tokens", "doc_sentences"),
-                              ("tokens per sentence", "tokens per document", "sentences per document")):
+    for ax, key, title in zip(
+        axes,
+        ("sentence_tokens", "doc_tokens", "doc_sentences"),
+        ("tokens per sentence", "tokens per document", "sentences per document"),
+    ):
         counts = h[key]
         nz = np.nonzero(counts)[0]
         top = int(nz[-1]) + 1 if len(nz) else 1

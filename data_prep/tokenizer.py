@@ -155,11 +155,22 @@ def _same_tokenizer(final: Path, new: dict[str, Any]) -> dict[str, Any]:
 
 def _write_hf_files(directory: Path, lowercase: bool) -> None:
     """tokenizer_config.json + special_tokens_map.json so `BertTokenizer.from_pretrained(dir)` works."""
-    specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-                "mask_token": "[MASK]"}
-    config = {"tokenizer_class": "BertTokenizer", "do_lower_case": bool(lowercase), "model_max_length": 512,
-              "clean_up_tokenization_spaces": False, "strip_accents": None, "tokenize_chinese_chars": True,
-              **specials}
+    specials = {
+        "unk_token": "[UNK]",
+        "sep_token": "[SEP]",
+        "pad_token": "[PAD]",
+        "cls_token": "[CLS]",
+        "mask_token": "[MASK]",
+    }
+    config = {
+        "tokenizer_class": "BertTokenizer",
+        "do_lower_case": bool(lowercase),
+        "model_max_length": 512,
+        "clean_up_tokenization_spaces": False,
+        "strip_accents": None,
+        "tokenize_chinese_chars": True,
+        **specials,
+    }
     atomic_write_json(directory / "tokenizer_config.json", config)
     atomic_write_json(directory / "special_tokens_map.json", specials)
 
@@ -169,8 +180,12 @@ def _save_wordpiece(directory: Path, vocab: list[str], lowercase: bool) -> None:
 
     (directory / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
     tok = BertWordPieceTokenizer(
-        str(directory / "vocab.txt"), lowercase=lowercase, clean_text=True, handle_chinese_chars=True,
-        strip_accents=None, wordpieces_prefix="##",
+        str(directory / "vocab.txt"),
+        lowercase=lowercase,
+        clean_text=True,
+        handle_chinese_chars=True,
+        strip_accents=None,
+        wordpieces_prefix="##",
     )
     tok.save(str(directory / "tokenizer.json"))
     _write_hf_files(directory, lowercase)
@@ -299,16 +314,24 @@ def _train_wordpiece(docs: _Counted, directory: Path, vocab_size: int, lowercase
     from tokenizers import BertWordPieceTokenizer
 
     tok = BertWordPieceTokenizer(lowercase=lowercase, clean_text=True, handle_chinese_chars=True, strip_accents=None)
-    tok.train_from_iterator(iter(docs), vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
-                            limit_alphabet=1000, wordpieces_prefix="##", show_progress=False)
+    tok.train_from_iterator(
+        iter(docs),
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        limit_alphabet=1000,
+        wordpieces_prefix="##",
+        show_progress=False,
+    )
     if docs.count == 0:
         raise DataPrepError(_NO_TEXT)
     vocab = [t for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])]
     _save_wordpiece(directory, vocab, lowercase)
 
 
-def _train_sentencepiece(docs: _Counted, directory: Path, kind: str, vocab_size: int, lowercase: bool,
-                         threads: int) -> None:
+def _train_sentencepiece(
+    docs: _Counted, directory: Path, kind: str, vocab_size: int, lowercase: bool, threads: int
+) -> None:
     import sentencepiece as spm
 
     def sentences() -> Iterator[str]:
@@ -320,11 +343,24 @@ def _train_sentencepiece(docs: _Counted, directory: Path, kind: str, vocab_size:
     buf = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=sentences(), model_writer=buf, model_type=kind, vocab_size=vocab_size,
-            pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, pad_piece="[PAD]", unk_piece="[UNK]",
-            control_symbols=["[CLS]", "[SEP]", "[MASK]"], hard_vocab_limit=False, minloglevel=2,
-            normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc", num_threads=max(1, threads),
-            character_coverage=0.9995, input_sentence_size=2_000_000, shuffle_input_sentence=True,
+            sentence_iterator=sentences(),
+            model_writer=buf,
+            model_type=kind,
+            vocab_size=vocab_size,
+            pad_id=0,
+            unk_id=1,
+            bos_id=-1,
+            eos_id=-1,
+            pad_piece="[PAD]",
+            unk_piece="[UNK]",
+            control_symbols=["[CLS]", "[SEP]", "[MASK]"],
+            hard_vocab_limit=False,
+            minloglevel=2,
+            normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
+            num_threads=max(1, threads),
+            character_coverage=0.9995,
+            input_sentence_size=2_000_000,
+            shuffle_input_sentence=True,
         )
     except RuntimeError as e:
         if docs.count == 0:

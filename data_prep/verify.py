@@ -124,8 +124,11 @@ def verify_dir(out_dir: str | os.PathLike, workers: int = 1) -> list[str]:
     except DataPrepError as e:
         problems.append(str(e))
     vocab = int(manifest["tokenizer"]["vocab_size"])
-    jobs = [(str(out), split, rec, manifest["dtype"], vocab)
-            for split, info in manifest["splits"].items() for rec in info["shards"]]
+    jobs = [
+        (str(out), split, rec, manifest["dtype"], vocab)
+        for split, info in manifest["splits"].items()
+        for rec in info["shards"]
+    ]
     if workers > 1 and len(jobs) > 1:
         with mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn").Pool(workers) as pool:
             results = pool.map(check_shard, jobs, chunksize=1)

@@ -91,8 +91,9 @@ class _Batch:
             ids, lens, counts = encoder.encode_docs(self.texts)
         else:
             ids, lens, counts = np.zeros(0, encoder.dtype), np.zeros(0, np.int32), np.zeros(0, np.int64)
-        doc_counts = np.bincount(np.asarray(self.piece_doc, dtype=np.int64), weights=counts,
-                                 minlength=n_docs).astype(np.int64)
+        doc_counts = np.bincount(np.asarray(self.piece_doc, dtype=np.int64), weights=counts, minlength=n_docs).astype(
+            np.int64
+        )
         if self.carry is not None:
             c_ids, c_lens, c_count = self.carry
             ids, lens = np.concatenate([c_ids, ids]), np.concatenate([c_lens, lens])
@@ -113,8 +114,9 @@ class _Batch:
 class _UnitWriter:
     """The train/valid parts of one unit being written, its running totals, and its progress reports."""
 
-    def __init__(self, directory: Path, dtype: np.dtype, shard_tokens: int, stats: S.ReadStats,
-                 progress: ProgressFn | None) -> None:
+    def __init__(
+        self, directory: Path, dtype: np.dtype, shard_tokens: int, stats: S.ReadStats, progress: ProgressFn | None
+    ) -> None:
         self.writers = {s: SplitWriter(directory, s, dtype, shard_tokens) for s in SPLITS}
         self.stats = stats
         self.progress = progress
@@ -160,8 +162,9 @@ def _unit_documents(plan: dict[str, Any], u: int, stats: S.ReadStats) -> Iterato
             yield (si, doc), text, src["key"]
 
 
-def _write_unit(u: int, ctx: UnitContext, encoder: Encoder, directory: Path,
-                progress: ProgressFn | None) -> dict[str, Any]:
+def _write_unit(
+    u: int, ctx: UnitContext, encoder: Encoder, directory: Path, progress: ProgressFn | None
+) -> dict[str, Any]:
     """Tokenize unit `u` into `directory`: its train/valid parts and `unit.json` (its record)."""
     plan, cfg = ctx.plan, ctx.plan["config"]
     stats = S.ReadStats(hasher=hashlib.sha256())
@@ -272,8 +275,16 @@ class Progress:
 
             tqdm.monitor_interval = 0  # no monitor thread: worker processes are forked after this
             tty = sys.stderr.isatty()
-            self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
-                            mininterval=0.5 if tty else 30.0, dynamic_ncols=True, file=sys.stderr)
+            self.bar = tqdm(
+                total=total,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                desc=desc,
+                mininterval=0.5 if tty else 30.0,
+                dynamic_ncols=True,
+                file=sys.stderr,
+            )
 
     def update(self, nbytes: int, docs: int, tokens: int) -> None:
         self.docs += docs

@@ -45,10 +45,12 @@ class Scale:
 
 SCALES = {
     "tiny": Scale(books=2, pretrain_steps=6, preempt_at=3, seq_len=64, train_examples=320, dev_examples=128, epochs=2),
-    "small": Scale(books=6, pretrain_steps=40, preempt_at=20, seq_len=128, train_examples=1600, dev_examples=277,
-                   epochs=1),
-    "medium": Scale(books=20, pretrain_steps=150, preempt_at=60, seq_len=128, train_examples=4000, dev_examples=872,
-                    epochs=3),
+    "small": Scale(
+        books=6, pretrain_steps=40, preempt_at=20, seq_len=128, train_examples=1600, dev_examples=277, epochs=1
+    ),
+    "medium": Scale(
+        books=20, pretrain_steps=150, preempt_at=60, seq_len=128, train_examples=4000, dev_examples=872, epochs=3
+    ),
 }
 
 
@@ -128,12 +130,24 @@ def launch_srun_style(args: list[str], ntasks: int, log: Path) -> list[subproces
     port = str(free_port())
     procs = []
     for rank in range(ntasks):
-        env = {**os.environ, "SLURM_PROCID": str(rank), "SLURM_NTASKS": str(ntasks), "SLURM_LOCALID": str(rank),
-               "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": "1", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": port, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+        env = {
+            **os.environ,
+            "SLURM_PROCID": str(rank),
+            "SLURM_NTASKS": str(ntasks),
+            "SLURM_LOCALID": str(rank),
+            "SLURM_JOB_NODELIST": "localhost",
+            "SLURM_JOB_ID": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "OMP_NUM_THREADS": "1",
+            "DS_ACCELERATOR": "cpu",
+        }
         with open(log, "ab") as f:
-            procs.append(subprocess.Popen([sys.executable, "-m", "pretrain", *args], cwd=REPO, env=env, stdout=f,
-                                          stderr=subprocess.STDOUT))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "pretrain", *args], cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT
+                )
+            )
     return procs
 
 
@@ -151,16 +165,29 @@ def wait_all(procs: list[subprocess.Popen], log: Path, timeout: float = 1800) ->
 
 
 def stage_pretrain(scale: Scale, data: Path, run_dir: Path, logs: Path) -> dict:
-    say("2 pretrain", "multi-exit MLM+SOP pre-training from the MiniLM weights: DeepSpeed (fp32, gloo), 2 processes, "
-                      "exit groups alternating per step, gradient equilibrium")
+    say(
+        "2 pretrain",
+        "multi-exit MLM+SOP pre-training from the MiniLM weights: DeepSpeed (fp32, gloo), 2 processes, "
+        "exit groups alternating per step, gradient equilibrium",
+    )
     sets = [
-        "model.init_from=minilm", "model.hidden_size=384", "model.num_hidden_layers=6",
-        "model.num_attention_heads=12", "model.intermediate_size=1536", "model.max_position_embeddings=512",
-        f"data.corpora=[{{name: corpus, path: {data}, weight: 1.0}}]", f"data.max_seq_len={scale.seq_len}",
-        f"train.train_steps={scale.pretrain_steps}", "train.global_batch_size=16", "train.micro_batch_size=4",
-        "optim.lr=1.0e-4", f"optim.warmup_steps={max(scale.pretrain_steps // 10, 1)}",
-        f"checkpoint.interval={max(scale.preempt_at // 2, 1)}", "eval.interval=0",
-        f"eval.max_samples={64 if scale.pretrain_steps < 20 else 256}", "logging.progress=false",
+        "model.init_from=minilm",
+        "model.hidden_size=384",
+        "model.num_hidden_layers=6",
+        "model.num_attention_heads=12",
+        "model.intermediate_size=1536",
+        "model.max_position_embeddings=512",
+        f"data.corpora=[{{name: corpus, path: {data}, weight: 1.0}}]",
+        f"data.max_seq_len={scale.seq_len}",
+        f"train.train_steps={scale.pretrain_steps}",
+        "train.global_batch_size=16",
+        "train.micro_batch_size=4",
+        "optim.lr=1.0e-4",
+        f"optim.warmup_steps={max(scale.pretrain_steps // 10, 1)}",
+        f"checkpoint.interval={max(scale.preempt_at // 2, 1)}",
+        "eval.interval=0",
+        f"eval.max_samples={64 if scale.pretrain_steps < 20 else 256}",
+        "logging.progress=false",
     ]
     args = ["train", "--config", "configs/tiny_cpu.yaml", "--output", str(run_dir)]
     for s in sets:
@@ -191,8 +218,11 @@ def stage_pretrain(scale: Scale, data: Path, run_dir: Path, logs: Path) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", default=os.environ.get("DEMO_SCALE", "small"), choices=sorted(SCALES))
-    parser.add_argument("--output", default=os.environ.get("DEMO_OUT", "demo_out"),
-                        help="report folder (default: $DEMO_OUT or %(default)s); must be empty or absent")
+    parser.add_argument(
+        "--output",
+        default=os.environ.get("DEMO_OUT", "demo_out"),
+        help="report folder (default: $DEMO_OUT or %(default)s); must be empty or absent",
+    )
     args = parser.parse_args(argv)
     scale = SCALES[args.scale]
     out = (REPO / args.output).resolve() if not Path(args.output).is_absolute() else Path(args.output)
@@ -209,8 +239,24 @@ def main(argv: list[str] | None = None) -> None:
     say("1 data_prep", f"tokenising {source} with the bert-base-uncased vocab (MiniLM package), 2 workers")
     data = out / "data"
     vocab = str(minilm_dir() / "vocab.txt")
-    run([py, "-m", "data_prep", "tokenize", *inputs, "--output", str(data), "--tokenizer", vocab, "--workers", "2",
-         "--valid-fraction", "0.05", "--no-progress"])
+    run(
+        [
+            py,
+            "-m",
+            "data_prep",
+            "tokenize",
+            *inputs,
+            "--output",
+            str(data),
+            "--tokenizer",
+            vocab,
+            "--workers",
+            "2",
+            "--valid-fraction",
+            "0.05",
+            "--no-progress",
+        ]
+    )
     run([py, "-m", "data_prep", "verify", str(data)])
     manifest = json.loads((data / "manifest.json").read_text())
     summary["data"] = {"source": source, "totals": manifest.get("totals")}
@@ -226,25 +272,98 @@ def main(argv: list[str] | None = None) -> None:
     task, glue_dir, task_source = glue_task(scale, out)
     say("4 finetune", f"2ST fine-tuning with MHA exits at every layer and ACL-CL on {task_source}")
     ft = out / "finetune"
-    run([py, "-m", "finetune", "train", "--model", str(hf), "--task", task, "--data-dir", glue_dir,
-         "--output", str(ft), "--exits", "all", "--exit-type", "mha", "--method", "2st", "--objective", "acl-cl",
-         "--acl-grad", "--max-train-examples", str(scale.train_examples),
-         "--max-dev-examples", str(scale.dev_examples), "--max-length", "64", "--epochs", str(scale.epochs),
-         "--lr", "1e-4", "--exit-lr", "2e-3", "--batch-size", "16", "--no-progress", "--seed", "1"],
-        log=logs / "finetune.log")
+    run(
+        [
+            py,
+            "-m",
+            "finetune",
+            "train",
+            "--model",
+            str(hf),
+            "--task",
+            task,
+            "--data-dir",
+            glue_dir,
+            "--output",
+            str(ft),
+            "--exits",
+            "all",
+            "--exit-type",
+            "mha",
+            "--method",
+            "2st",
+            "--objective",
+            "acl-cl",
+            "--acl-grad",
+            "--max-train-examples",
+            str(scale.train_examples),
+            "--max-dev-examples",
+            str(scale.dev_examples),
+            "--max-length",
+            "64",
+            "--epochs",
+            str(scale.epochs),
+            "--lr",
+            "1e-4",
+            "--exit-lr",
+            "2e-3",
+            "--batch-size",
+            "16",
+            "--no-progress",
+            "--seed",
+            "1",
+        ],
+        log=logs / "finetune.log",
+    )
     summary["finetune"] = json.loads((ft / "dev_scores.json").read_text())
 
     # 5. early exit + ELUE
-    say("5 early exit", "entropy and patience sweeps on the dev set: score vs FLOPs, measured speed-ups, ELUE score "
-                        "against this model's own static per-layer curve")
+    say(
+        "5 early exit",
+        "entropy and patience sweeps on the dev set: score vs FLOPs, measured speed-ups, ELUE score "
+        "against this model's own static per-layer curve",
+    )
     ee = out / "early_exit"
     for strategy, sweep in (("entropy", "0.05,0.2,0.4,0.6"), ("patience", "1,2,3,4")):
-        run([py, "-m", "finetune", "early-exit", "--model", str(ft / "best"), "--task", task, "--data-dir", glue_dir,
-             "--strategy", strategy, "--sweep", sweep, "--max-examples", str(scale.dev_examples), "--output", str(ee)],
-            log=logs / "early_exit.log")
+        run(
+            [
+                py,
+                "-m",
+                "finetune",
+                "early-exit",
+                "--model",
+                str(ft / "best"),
+                "--task",
+                task,
+                "--data-dir",
+                glue_dir,
+                "--strategy",
+                strategy,
+                "--sweep",
+                sweep,
+                "--max-examples",
+                str(scale.dev_examples),
+                "--output",
+                str(ee),
+            ],
+            log=logs / "early_exit.log",
+        )
     sweep_json = str(next(ee.glob("early_exit_*.json")))  # static curve + every operating point of both sweeps
-    run([py, "-m", "finetune", "elue-score", "--baseline", sweep_json, "--points", sweep_json,
-         "--output", str(ee / "elue_score.json")], log=logs / "early_exit.log")
+    run(
+        [
+            py,
+            "-m",
+            "finetune",
+            "elue-score",
+            "--baseline",
+            sweep_json,
+            "--points",
+            sweep_json,
+            "--output",
+            str(ee / "elue_score.json"),
+        ],
+        log=logs / "early_exit.log",
+    )
     summary["early_exit"] = json.loads((ee / "elue_score.json").read_text())
 
     # 6. report

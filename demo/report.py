@@ -42,8 +42,12 @@ def layer_score_plot(dev_scores: dict, path: Path) -> dict[int, float]:
     scores = [exits[str(k)][metric] for k in layers]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(layers, scores, marker="o")
-    ax.set(xlabel="exit layer", ylabel=f"dev {metric}", title=f"{dev_scores['task']}: dev score at every exit "
-           f"({dev_scores['method']}, {dev_scores['exit_type']} exits, {dev_scores['objective']})")
+    ax.set(
+        xlabel="exit layer",
+        ylabel=f"dev {metric}",
+        title=f"{dev_scores['task']}: dev score at every exit "
+        f"({dev_scores['method']}, {dev_scores['exit_type']} exits, {dev_scores['objective']})",
+    )
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -65,12 +69,21 @@ def early_exit_lines(early_exit_dir: Path, elue: dict) -> list[str]:
             "|---|---:|---:|---:|---:|---:|",
         ]
         for rule, result in sweep["strategies"].items():
-            lines += [f"| {rule} | {pt['threshold']:g} | {pt['score']:.2f} | {pt['mean_exit_layer']:.2f} | "
-                      f"{pt['flops_speedup']:.2f}× | {pt['wall_speedup']:.2f}× |" for pt in result["points"]]
-    lines += ["", "ELUE score (mean score difference to the static curve at equal FLOPs; > 0 beats static "
-                  "truncation):", ""]
-    lines += [f"- {rule}: {result['score']:+.2f}" for rule, result in elue.items() if isinstance(result, dict)
-              and "score" in result]
+            lines += [
+                f"| {rule} | {pt['threshold']:g} | {pt['score']:.2f} | {pt['mean_exit_layer']:.2f} | "
+                f"{pt['flops_speedup']:.2f}× | {pt['wall_speedup']:.2f}× |"
+                for pt in result["points"]
+            ]
+    lines += [
+        "",
+        "ELUE score (mean score difference to the static curve at equal FLOPs; > 0 beats static truncation):",
+        "",
+    ]
+    lines += [
+        f"- {rule}: {result['score']:+.2f}"
+        for rule, result in elue.items()
+        if isinstance(result, dict) and "score" in result
+    ]
     return lines
 
 
@@ -93,8 +106,8 @@ def write_report(out: Path, records: list[dict], summary: dict, seconds: float) 
         f"Scale `{summary['scale']}`, {seconds / 60:.1f} minutes on this machine.",
         "",
         "## 1. Data",
-        f"{summary['data']['source']}: " + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in
-                                                     (summary['data']['totals'] or {}).items()),
+        f"{summary['data']['source']}: "
+        + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in (summary["data"]["totals"] or {}).items()),
         "",
         "## 2. Pre-training (DeepSpeed, 2 processes, grouped exits, gradient equilibrium)",
         f"{summary['pretrain']['steps']} optimizer steps; preempted by SIGUSR1 after step "
@@ -121,8 +134,11 @@ def write_report(out: Path, records: list[dict], summary: dict, seconds: float) 
         "## 5. Early exit and ELUE score (baseline: this model's static per-layer curve)",
         *early_exit_lines(out / "early_exit", elue),
         "",
-        *[f"![]({p.name})" for p in sorted(report.glob("*.png")) if p.name not in
-          ("pretrain_losses.png", "layer_scores.png")],
+        *[
+            f"![]({p.name})"
+            for p in sorted(report.glob("*.png"))
+            if p.name not in ("pretrain_losses.png", "layer_scores.png")
+        ],
         "",
         "TensorBoard: `tensorboard --logdir " + str(report / "tensorboard") + "`",
     ]

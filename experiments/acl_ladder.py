@@ -47,10 +47,18 @@ RUNGS = (
     Rung("2ST-MHA", "2ST, MHA exits, CE", ("--exit-type", "mha", "--objective", "ce"), False),
     Rung("CE+SCL", "+ supervised contrastive loss on h^e", ("--exit-type", "mha", "--objective", "ce+scl"), True),
     Rung("ACL-Embed", "SCL -> ACL with label embeddings", ("--exit-type", "mha", "--objective", "acl"), True),
-    Rung("+ACL-Grad", "+ drop the contrastive term when >90° from CE",
-         ("--exit-type", "mha", "--objective", "acl", "--acl-grad"), True),
-    Rung("+ACL-CL", "+ cross-layer items from the last exit",
-         ("--exit-type", "mha", "--objective", "acl-cl", "--acl-grad"), True),
+    Rung(
+        "+ACL-Grad",
+        "+ drop the contrastive term when >90° from CE",
+        ("--exit-type", "mha", "--objective", "acl", "--acl-grad"),
+        True,
+    ),
+    Rung(
+        "+ACL-CL",
+        "+ cross-layer items from the last exit",
+        ("--exit-type", "mha", "--objective", "acl-cl", "--acl-grad"),
+        True,
+    ),
 )
 ANGLE_RUNGS = ("CE+SCL", "ACL-Embed")  # experiment 4: without vs with ACL-Embed, ACL-Grad off in both
 LEARNED_MARGIN = 5.0  # a task counts as learned when some rung's best exit (mean over seeds) beats majority by this
@@ -73,23 +81,70 @@ class Scale:
 
 
 SCALES = {
-    "smoke": Scale(train_examples=16, dev_examples=16, max_length=32, epochs=1, batch_size=8, lr=1e-4, exit_lr=1e-3,
-                   max_steps=1, tasks=("MRPC",), seeds=(1,)),
-    "report": Scale(train_examples=400, dev_examples=200, max_length=64, epochs=1, batch_size=16, lr=2e-4,
-                    exit_lr=2e-3, max_steps=None, tasks=TASKS, seeds=SEEDS),
+    "smoke": Scale(
+        train_examples=16,
+        dev_examples=16,
+        max_length=32,
+        epochs=1,
+        batch_size=8,
+        lr=1e-4,
+        exit_lr=1e-3,
+        max_steps=1,
+        tasks=("MRPC",),
+        seeds=(1,),
+    ),
+    "report": Scale(
+        train_examples=400,
+        dev_examples=200,
+        max_length=64,
+        epochs=1,
+        batch_size=16,
+        lr=2e-4,
+        exit_lr=2e-3,
+        max_steps=None,
+        tasks=TASKS,
+        seeds=SEEDS,
+    ),
 }
 
 
 def train_args(model: str, task: str, rung: Rung, seed: int, scale: Scale, run_dir: Path) -> list[str]:
     """The exact `python -m finetune train` arguments of one run (shared settings + the rung's flags)."""
     args = [
-        "train", "--model", model, "--task", task, "--data-dir", str(GLUE_DIR), "--output", str(run_dir),
-        "--exits", "all", "--method", "2st", "--seed", str(seed),
-        "--max-train-examples", str(scale.train_examples), "--max-dev-examples", str(scale.dev_examples),
+        "train",
+        "--model",
+        model,
+        "--task",
+        task,
+        "--data-dir",
+        str(GLUE_DIR),
+        "--output",
+        str(run_dir),
+        "--exits",
+        "all",
+        "--method",
+        "2st",
+        "--seed",
+        str(seed),
+        "--max-train-examples",
+        str(scale.train_examples),
+        "--max-dev-examples",
+        str(scale.dev_examples),
         # each seed its own dev rows: how the committed results were made (the trainer's default is now one subset)
-        "--dev-subset-seed", str(seed),
-        "--max-length", str(scale.max_length), "--epochs", str(scale.epochs), "--batch-size", str(scale.batch_size),
-        "--lr", str(scale.lr), "--exit-lr", str(scale.exit_lr), "--no-progress", *rung.flags,
+        "--dev-subset-seed",
+        str(seed),
+        "--max-length",
+        str(scale.max_length),
+        "--epochs",
+        str(scale.epochs),
+        "--batch-size",
+        str(scale.batch_size),
+        "--lr",
+        str(scale.lr),
+        "--exit-lr",
+        str(scale.exit_lr),
+        "--no-progress",
+        *rung.flags,
     ]
     if scale.max_steps is not None:
         args += ["--max-steps", str(scale.max_steps)]
@@ -115,8 +170,9 @@ def angle_stats(diag: dict) -> dict:
     """Angle summary over all batches and per 2ST stage (stage 1: last exit; stage 2: the other exits)."""
     out: dict = {"scope": diag["scope"], "acl_grad": diag["acl_grad"]}
     for phase in ("all", "stage1", "stage2"):
-        angles = [r["angle"] for r in diag["records"]
-                  if r["angle"] is not None and (phase == "all" or r["phase"] == phase)]
+        angles = [
+            r["angle"] for r in diag["records"] if r["angle"] is not None and (phase == "all" or r["phase"] == phase)
+        ]
         out[phase] = {
             "batches": len(angles),
             "fraction_over_90": sum(a > 90.0 for a in angles) / len(angles) if angles else None,
@@ -154,8 +210,11 @@ def run_one(model: str, task: str, rung: Rung, seed: int, scale: Scale, work_dir
     diag_path = run_dir / "acl_diagnostics.json"
     if diag_path.is_file():
         record["angles"] = angle_stats(json.loads(diag_path.read_text()))
-    print(f"{task:5s} {rung.name:10s} seed {seed}: avg {record['cross_layer_avg']:.2f} "
-          f"({' '.join(f'{v:.1f}' for v in record['per_exit'].values())}) {record['wall_s']:.0f}s", flush=True)
+    print(
+        f"{task:5s} {rung.name:10s} seed {seed}: avg {record['cross_layer_avg']:.2f} "
+        f"({' '.join(f'{v:.1f}' for v in record['per_exit'].values())}) {record['wall_s']:.0f}s",
+        flush=True,
+    )
     return record
 
 
@@ -174,8 +233,7 @@ def summarise(runs: list[dict], tasks: tuple[str, ...], seeds: tuple[int, ...], 
                 "n_ok": len(mine),
                 "per_exit": {layer: mean_std([r["per_exit"][layer] for r in mine]) for layer in layers},
                 "cross_layer_avg": mean_std([r["cross_layer_avg"] for r in mine]),
-                "at_majority": all(max(r["per_exit"].values()) <= majority[task][str(r["seed"])] + 0.5
-                                   for r in mine),
+                "at_majority": all(max(r["per_exit"].values()) <= majority[task][str(r["seed"])] + 0.5 for r in mine),
             }
 
     def paired(task: str, a: str, b: str) -> list[float]:
@@ -185,15 +243,19 @@ def summarise(runs: list[dict], tasks: tuple[str, ...], seeds: tuple[int, ...], 
     steps = {}
     verdicts = {}
     for task in tasks:
-        steps[task] = [{"from": RUNGS[i - 1].name, "to": RUNGS[i].name,
-                        "diffs": paired(task, RUNGS[i - 1].name, RUNGS[i].name)} for i in range(1, len(RUNGS))]
+        steps[task] = [
+            {"from": RUNGS[i - 1].name, "to": RUNGS[i].name, "diffs": paired(task, RUNGS[i - 1].name, RUNGS[i].name)}
+            for i in range(1, len(RUNGS))
+        ]
         overall = paired(task, "2ST-MHA", "+ACL-CL")
         majority_mean = mean_std(list(majority[task].values()))[0]
         best_exit = max((max(m for m, _ in v["per_exit"].values()) for v in table[task].values()), default=math.nan)
         learned = best_exit >= majority_mean + LEARNED_MARGIN
         if not learned:
-            verdict = (f"inconclusive: no rung's best exit is {LEARNED_MARGIN:g} points above the majority class "
-                       f"(best {best_exit:.1f} vs majority {majority_mean:.1f}) at this budget")
+            verdict = (
+                f"inconclusive: no rung's best exit is {LEARNED_MARGIN:g} points above the majority class "
+                f"(best {best_exit:.1f} vs majority {majority_mean:.1f}) at this budget"
+            )
         elif len(overall) < 2:
             verdict = "inconclusive: too few successful paired runs"
         elif all(d > 0 for d in overall):
@@ -219,12 +281,18 @@ def summarise(runs: list[dict], tasks: tuple[str, ...], seeds: tuple[int, ...], 
                     for phase in ("all", "stage1", "stage2")
                 }
     conflict_verdicts = {task: conflict_verdict(ok, task, seeds) for task in tasks}
-    return {"table": table, "steps": steps, "verdicts": verdicts, "conflict": conflict,
-            "conflict_verdicts": conflict_verdicts}
+    return {
+        "table": table,
+        "steps": steps,
+        "verdicts": verdicts,
+        "conflict": conflict,
+        "conflict_verdicts": conflict_verdicts,
+    }
 
 
 def conflict_verdict(ok: list[dict], task: str, seeds: tuple[int, ...]) -> dict:
     """Experiment 4 in numbers: share of batches > 90° with SCL vs ACL-Embed (paired per seed), pooled angle range."""
+
     def fraction(rung: str, seed: int) -> float | None:
         for r in ok:
             if r["task"] == task and r["rung"] == rung and r["seed"] == seed and "angles" in r:
@@ -233,10 +301,17 @@ def conflict_verdict(ok: list[dict], task: str, seeds: tuple[int, ...]) -> dict:
 
     pairs = [(fraction("CE+SCL", s), fraction("ACL-Embed", s)) for s in seeds]
     pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
-    pooled = sorted(a for r in ok if r["task"] == task and r["rung"] == "CE+SCL" and "angles" in r
-                    for a in r["angles"]["all"]["angles"])
-    out: dict = {"scl_fraction": [a for a, _ in pairs], "embed_fraction": [b for _, b in pairs],
-                 "paired_diffs_embed_minus_scl": [b - a for a, b in pairs]}
+    pooled = sorted(
+        a
+        for r in ok
+        if r["task"] == task and r["rung"] == "CE+SCL" and "angles" in r
+        for a in r["angles"]["all"]["angles"]
+    )
+    out: dict = {
+        "scl_fraction": [a for a, _ in pairs],
+        "embed_fraction": [b for _, b in pairs],
+        "paired_diffs_embed_minus_scl": [b - a for a, b in pairs],
+    }
     if pooled:
         out["scl_angle_p5_p95"] = [pooled[int(0.05 * (len(pooled) - 1))], pooled[int(0.95 * (len(pooled) - 1))]]
     diffs = out["paired_diffs_embed_minus_scl"]
@@ -290,12 +365,22 @@ def plot_conflict(runs: list[dict], tasks: tuple[str, ...], path: Path) -> None:
     fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.6), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         for rung, colour in zip(ANGLE_RUNGS, ("tab:blue", "tab:orange")):
-            angles = [a for r in runs if r["status"] == "ok" and r["task"] == task and r["rung"] == rung
-                      and "angles" in r for a in r["angles"]["all"]["angles"]]
+            angles = [
+                a
+                for r in runs
+                if r["status"] == "ok" and r["task"] == task and r["rung"] == rung and "angles" in r
+                for a in r["angles"]["all"]["angles"]
+            ]
             if angles:
                 over = sum(a > 90 for a in angles) / len(angles)
-                ax.hist(angles, bins=36, range=(0, 180), alpha=0.55, color=colour,
-                        label=f"{rung}: {100 * over:.0f}% > 90° (n={len(angles)})")
+                ax.hist(
+                    angles,
+                    bins=36,
+                    range=(0, 180),
+                    alpha=0.55,
+                    color=colour,
+                    label=f"{rung}: {100 * over:.0f}% > 90° (n={len(angles)})",
+                )
         ax.axvline(90, color="k", ls="--", lw=1)
         ax.set_title(f"{task}: angle(∇CE, ∇contrastive), exit scope")
         ax.set_xlabel("degrees")
@@ -347,8 +432,12 @@ def write_section(results: dict, path: Path) -> None:
     maj_cells = [fmt_mean_std(list(results["majority"][t].values())) for t in tasks]
     lines += ["| majority class | " + " | ".join(maj_cells) + " |", ""]
     for task in tasks:
-        lines += [f"### {task}: per-exit dev score (mean ± std over seeds)", "",
-                  "| rung | " + " | ".join(f"L{i}" for i in range(1, 7)) + " | avg |", "|---|" + "---|" * 7]
+        lines += [
+            f"### {task}: per-exit dev score (mean ± std over seeds)",
+            "",
+            "| rung | " + " | ".join(f"L{i}" for i in range(1, 7)) + " | avg |",
+            "|---|" + "---|" * 7,
+        ]
         for rung in RUNGS:
             entry = summary["table"][task].get(rung.name)
             if entry is None:
@@ -356,17 +445,25 @@ def write_section(results: dict, path: Path) -> None:
                 continue
             cells = [fmt_pair(entry["per_exit"][str(i)]) for i in range(1, 7)]
             lines.append(f"| {rung.name} | " + " | ".join(cells) + f" | {fmt_pair(entry['cross_layer_avg'])} |")
-        lines += ["", "Paired differences of the cross-layer average (next rung − previous, per seed): " + "; ".join(
-            f"{st['to']}: {', '.join(f'{d:+.1f}' for d in st['diffs'])}" for st in summary["steps"][task]), "",
+        lines += [
+            "",
+            "Paired differences of the cross-layer average (next rung − previous, per seed): "
+            + "; ".join(f"{st['to']}: {', '.join(f'{d:+.1f}' for d in st['diffs'])}" for st in summary["steps"][task]),
+            "",
             f"**Verdict ({task}).** {summary['verdicts'][task]['verdict']} (paired +ACL-CL − 2ST-MHA per seed: "
             f"{', '.join(f'{d:+.1f}' for d in summary['verdicts'][task]['paired_diffs_acl_cl_minus_2st_mha'])}).",
-            ""]
-    lines += ["### Experiment 4: fraction of batches with angle(∇CE, ∇contrastive) > 90°", "",
-              "Angles are measured by the trainer on every batch over the trainable exit parameters (scope `exit`), "
-              "ACL-Grad off in CE+SCL and ACL-Embed (so nothing is dropped); the +ACL-Grad and +ACL-CL rows are the "
-              "same measurement with the gate on (the fraction > 90° is then also the drop rate).", "",
-              "| task | rung | all batches | stage 1 (last exit) | stage 2 (exits 1–5) | mean angle (all) |",
-              "|---|---|---|---|---|---|"]
+            "",
+        ]
+    lines += [
+        "### Experiment 4: fraction of batches with angle(∇CE, ∇contrastive) > 90°",
+        "",
+        "Angles are measured by the trainer on every batch over the trainable exit parameters (scope `exit`), "
+        "ACL-Grad off in CE+SCL and ACL-Embed (so nothing is dropped); the +ACL-Grad and +ACL-CL rows are the "
+        "same measurement with the gate on (the fraction > 90° is then also the drop rate).",
+        "",
+        "| task | rung | all batches | stage 1 (last exit) | stage 2 (exits 1–5) | mean angle (all) |",
+        "|---|---|---|---|---|---|",
+    ]
     for task in tasks:
         for rung, entry in summary["conflict"][task].items():
             cells = []
@@ -383,23 +480,36 @@ def write_section(results: dict, path: Path) -> None:
             f"- **{task}:** CE+SCL {', '.join(f'{100 * v:.0f}%' for v in cv['scl_fraction'])} of batches > 90° "
             f"(per seed) vs ACL-Embed {', '.join(f'{100 * v:.0f}%' for v in cv['embed_fraction'])}; CE+SCL angles "
             f"5th–95th percentile {f'{rng[0]:.0f}–{rng[1]:.0f}°' if rng else 'n/a'} (paper: ~20 %, 75–105°). "
-            f"{cv['verdict']}.")
-    lines += ["", "### Every run", "", "| task | rung | seed | status | L1 … L6 | avg | >90° | wall s |",
-              "|---|---|---|---|---|---|---|---|"]
+            f"{cv['verdict']}."
+        )
+    lines += [
+        "",
+        "### Every run",
+        "",
+        "| task | rung | seed | status | L1 … L6 | avg | >90° | wall s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in runs:
         if r["status"] != "ok":
             lines.append(f"| {r['task']} | {r['rung']} | {r['seed']} | FAILED | | | | |")
             continue
         over = r.get("angles", {}).get("all", {}).get("fraction_over_90")
-        lines.append(f"| {r['task']} | {r['rung']} | {r['seed']} | ok | "
-                     f"{' · '.join(f'{v:.1f}' for v in r['per_exit'].values())} | {r['cross_layer_avg']:.2f} | "
-                     f"{'' if over is None else f'{100 * over:.0f}%'} | {r['wall_s']:.0f} |")
+        lines.append(
+            f"| {r['task']} | {r['rung']} | {r['seed']} | ok | "
+            f"{' · '.join(f'{v:.1f}' for v in r['per_exit'].values())} | {r['cross_layer_avg']:.2f} | "
+            f"{'' if over is None else f'{100 * over:.0f}%'} | {r['wall_s']:.0f} |"
+        )
     notes = path.with_name("notes.md")
     if notes.is_file():  # the analysis written after the run, kept across regenerations of the tables
         lines += ["", "### Discussion (written after the run)", "", notes.read_text(encoding="utf-8").strip()]
     total = sum(r.get("wall_s", 0.0) for r in runs)
-    lines += ["", f"Total training wall time: {total / 60:.1f} min at 1 thread (shared 2-core machine).",
-              "", "Plots: `per_exit_curves.png` (per-exit curves per rung per task), `conflict_angles.png`.", ""]
+    lines += [
+        "",
+        f"Total training wall time: {total / 60:.1f} min at 1 thread (shared 2-core machine).",
+        "",
+        "Plots: `per_exit_curves.png` (per-exit curves per rung per task), `conflict_angles.png`.",
+        "",
+    ]
     path.write_text("\n".join(lines), encoding="utf-8")
 
 
@@ -413,22 +523,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="backbone to fine-tune (default: the MiniLM weights)")
     args = parser.parse_args(argv)
     base = SCALES[args.scale]
-    scale = Scale(**{**asdict(base), "tasks": tuple(args.tasks or base.tasks),
-                     "seeds": tuple(args.seeds or base.seeds)})
+    scale = Scale(
+        **{**asdict(base), "tasks": tuple(args.tasks or base.tasks), "seeds": tuple(args.seeds or base.seeds)}
+    )
     if not GLUE_DIR.is_dir():
         sys.exit(f"acl_ladder: GLUE data not found at {GLUE_DIR}")
     if args.model is None:
         from elasticbert import minilm_dir
 
         args.model = str(minilm_dir())
-    runs = [run_one(args.model, task, rung, seed, scale, args.work_dir)
-            for task in scale.tasks for seed in scale.seeds for rung in RUNGS]
+    runs = [
+        run_one(args.model, task, rung, seed, scale, args.work_dir)
+        for task in scale.tasks
+        for seed in scale.seeds
+        for rung in RUNGS
+    ]
     majority = {t: {str(s): majority_score(t, s, scale) for s in scale.seeds} for t in scale.tasks}
     summary = summarise(runs, scale.tasks, scale.seeds, majority)
     results = {
-        "experiment": "acl_ladder", "scale": args.scale, "model": args.model, "tasks": list(scale.tasks),
-        "seeds": list(scale.seeds), "settings": {k: v for k, v in asdict(scale).items() if k not in ("tasks", "seeds")},
-        "rungs": [asdict(r) for r in RUNGS], "majority": majority, "runs": runs, "summary": summary,
+        "experiment": "acl_ladder",
+        "scale": args.scale,
+        "model": args.model,
+        "tasks": list(scale.tasks),
+        "seeds": list(scale.seeds),
+        "settings": {k: v for k, v in asdict(scale).items() if k not in ("tasks", "seeds")},
+        "rungs": [asdict(r) for r in RUNGS],
+        "majority": majority,
+        "runs": runs,
+        "summary": summary,
         "total_wall_s": sum(r.get("wall_s", 0.0) for r in runs),
     }
     args.output.mkdir(parents=True, exist_ok=True)

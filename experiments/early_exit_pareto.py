@@ -55,22 +55,49 @@ def pick_models(ladder: dict, tasks: tuple[str, ...]) -> dict[str, dict]:
         if not rungs:
             raise SystemExit(f"early_exit_pareto: the ladder results have no successful run for {task}")
         rung = max((name for name in order if name in rungs), key=lambda name: rungs[name]["cross_layer_avg"][0])
-        runs = sorted((r for r in ladder["runs"] if r["task"] == task and r["rung"] == rung and r["status"] == "ok"),
-                      key=lambda r: r["seed"])
+        runs = sorted(
+            (r for r in ladder["runs"] if r["task"] == task and r["rung"] == rung and r["status"] == "ok"),
+            key=lambda r: r["seed"],
+        )
         best = max(runs, key=lambda r: r["cross_layer_avg"])
-        picked[task] = {"rung": rung, "seed": best["seed"], "cross_layer_avg": best["cross_layer_avg"],
-                        "rung_mean": rungs[rung]["cross_layer_avg"], "model": str(Path(best["run_dir"]) / "best")}
+        picked[task] = {
+            "rung": rung,
+            "seed": best["seed"],
+            "cross_layer_avg": best["cross_layer_avg"],
+            "rung_mean": rungs[rung]["cross_layer_avg"],
+            "model": str(Path(best["run_dir"]) / "best"),
+        }
     return picked
 
 
 def early_exit(task: str, model: str, scale: Scale, work_dir: Path) -> tuple[Path, float]:
     """Sweep the four strategies on one model; returns (early-exit JSON, wall seconds)."""
     out = work_dir / task
-    args = ["early-exit", "--model", model, "--task", task, "--data-dir", str(GLUE_DIR),
-            "--strategy", ",".join(STRATEGIES), "--max-examples", str(scale.dev_limit),
-            "--max-length", str(scale.max_length),
-            "--threads", "1", "--output", str(out), "--no-merge", "--train-lte",
-            "--max-lte-examples", str(scale.lte_samples), "--lte-epochs", str(scale.lte_epochs)]
+    args = [
+        "early-exit",
+        "--model",
+        model,
+        "--task",
+        task,
+        "--data-dir",
+        str(GLUE_DIR),
+        "--strategy",
+        ",".join(STRATEGIES),
+        "--max-examples",
+        str(scale.dev_limit),
+        "--max-length",
+        str(scale.max_length),
+        "--threads",
+        "1",
+        "--output",
+        str(out),
+        "--no-merge",
+        "--train-lte",
+        "--max-lte-examples",
+        str(scale.lte_samples),
+        "--lte-epochs",
+        str(scale.lte_epochs),
+    ]
     wall = run_cli("finetune", args, work_dir / "logs" / f"early_exit_{task}.log")
     return next(out.glob("early_exit_*_dev_bs*.json")), wall
 
@@ -79,8 +106,11 @@ def elue(paths: list[Path], work_dir: Path) -> dict:
     """ELUE score of every strategy against the model's own static curve (the early-exit JSON's static points)."""
     report = work_dir / "elue_score.json"
     files = [str(p) for p in paths]
-    run_cli("finetune", ["elue-score", "--baseline", *files, "--points", *files, "--output", str(report)],
-            work_dir / "logs" / "elue_score.log")
+    run_cli(
+        "finetune",
+        ["elue-score", "--baseline", *files, "--points", *files, "--output", str(report)],
+        work_dir / "logs" / "elue_score.log",
+    )
     return json.loads(report.read_text())
 
 
@@ -106,14 +136,26 @@ def plot_pareto(curves: dict[str, dict], path: Path) -> None:
     for ax, task in zip(axes[0], tasks):
         data = curves[task]
         static = data["static"]
-        ax.plot([p["mean_flops"] / 1e6 for p in static], [p["score"] for p in static], "k-o", ms=3,
-                label="static (truncate at l)")
+        ax.plot(
+            [p["mean_flops"] / 1e6 for p in static],
+            [p["score"] for p in static],
+            "k-o",
+            ms=3,
+            label="static (truncate at l)",
+        )
         for name in STRATEGIES:
             pts = sorted(data["strategies"].get(name, {}).get("points", []), key=lambda p: p["mean_flops"])
             pts = [p for p in pts if p["score"] is not None]
             if pts:
-                ax.plot([p["mean_flops"] / 1e6 for p in pts], [p["score"] for p in pts], "-^", ms=4, lw=1,
-                        alpha=0.8, label=name)
+                ax.plot(
+                    [p["mean_flops"] / 1e6 for p in pts],
+                    [p["score"] for p in pts],
+                    "-^",
+                    ms=4,
+                    lw=1,
+                    alpha=0.8,
+                    label=name,
+                )
         ax.set_title(f"{task} ({data['num_samples']} dev samples)")
         ax.set_xlabel("mean MFLOPs per sample")
         ax.set_ylabel("dev score")
@@ -148,40 +190,64 @@ def write_section(results: dict, path: Path) -> None:
     ]
     for task, m in results["models"].items():
         full = results["curves"][task]["full_model"]
-        lines.append(f"| {task} | {m['rung']}, seed {m['seed']} | {m['cross_layer_avg']:.2f} | "
-                     f"{full['score']:.2f} | {full['mean_flops'] / 1e6:.1f} |")
+        lines.append(
+            f"| {task} | {m['rung']}, seed {m['seed']} | {m['cross_layer_avg']:.2f} | "
+            f"{full['score']:.2f} | {full['mean_flops'] / 1e6:.1f} |"
+        )
     tasks = list(results["models"])
-    lines += ["", "### ELUE score vs the model's own static curve", "",
-              "| strategy | " + " | ".join(tasks) + " | mean |", "|---|" + "---|" * (len(tasks) + 1)]
+    lines += [
+        "",
+        "### ELUE score vs the model's own static curve",
+        "",
+        "| strategy | " + " | ".join(tasks) + " | mean |",
+        "|---|" + "---|" * (len(tasks) + 1),
+    ]
     for name in STRATEGIES:
         entry = results["elue"].get(name)
         if entry is None:
             lines.append(f"| {name} | " + " | ".join(["n/a"] * (len(tasks) + 1)) + " |")
             continue
-        cells = [f"{entry['tasks'][t]['score']:+.2f}" if t in entry["tasks"] and entry["tasks"][t]["score"]
-                 is not None else "n/a" for t in tasks]
+        cells = [
+            f"{entry['tasks'][t]['score']:+.2f}"
+            if t in entry["tasks"] and entry["tasks"][t]["score"] is not None
+            else "n/a"
+            for t in tasks
+        ]
         mean = entry["score"]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {'n/a' if mean is None else f'{mean:+.2f}'} |")
     lines += ["", "### Every operating point", ""]
     for task in tasks:
         data = results["curves"][task]
-        lines += [f"**{task}**", "", "| strategy | threshold | score | MFLOPs | FLOPs speed-up | exit histogram |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            f"**{task}**",
+            "",
+            "| strategy | threshold | score | MFLOPs | FLOPs speed-up | exit histogram |",
+            "|---|---|---|---|---|---|",
+        ]
         for p in data["static"]:
-            lines.append(f"| static | layer {p['layer']} | {p['score']:.2f} | {p['mean_flops'] / 1e6:.1f} | "
-                         f"{p['flops_speedup']:.2f} | |")
+            lines.append(
+                f"| static | layer {p['layer']} | {p['score']:.2f} | {p['mean_flops'] / 1e6:.1f} | "
+                f"{p['flops_speedup']:.2f} | |"
+            )
         for name in STRATEGIES:
             for p in data["strategies"].get(name, {}).get("points", []):
                 hist = " ".join(str(v) for v in p.get("exit_histogram", {}).values())
                 score = "n/a" if p["score"] is None else f"{p['score']:.2f}"
-                lines.append(f"| {name} | {p['threshold']:g} | {score} | {p['mean_flops'] / 1e6:.1f} | "
-                             f"{p['flops_speedup']:.2f} | {hist} |")
+                lines.append(
+                    f"| {name} | {p['threshold']:g} | {score} | {p['mean_flops'] / 1e6:.1f} | "
+                    f"{p['flops_speedup']:.2f} | {hist} |"
+                )
         lines.append("")
     notes = path.with_name("notes.md")
     if notes.is_file():  # the analysis written after the run, kept across regenerations of the tables
         lines += ["### Discussion (written after the run)", "", notes.read_text(encoding="utf-8").strip(), ""]
-    lines += [f"Wall time: {results['total_wall_s'] / 60:.1f} min at 1 thread (early-exit sweeps incl. LTE training, "
-              "and elue-score).", "", "Plot: `pareto.png`.", ""]
+    lines += [
+        f"Wall time: {results['total_wall_s'] / 60:.1f} min at 1 thread (early-exit sweeps incl. LTE training, "
+        "and elue-score).",
+        "",
+        "Plot: `pareto.png`.",
+        "",
+    ]
     path.write_text("\n".join(lines), encoding="utf-8")
 
 
@@ -193,8 +259,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ladder-results", type=Path, default=RESULTS_DIR / "acl_ladder" / "results.json")
     parser.add_argument("--model", default=None, help="a fine-tuned multi-exit model dir (needs exactly one --tasks)")
     parser.add_argument("--tasks", nargs="+", default=None, help="default: the scale's")
-    parser.add_argument("--seeds", type=int, nargs="+", default=None,
-                        help="accepted for symmetry with the other scripts; the model choice fixes the seed")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="accepted for symmetry with the other scripts; the model choice fixes the seed",
+    )
     args = parser.parse_args(argv)
     base = SCALES[args.scale]
     scale = Scale(**{**asdict(base), "tasks": tuple(args.tasks or base.tasks)})
@@ -207,9 +278,11 @@ def main(argv: list[str] | None = None) -> int:
         models = {scale.tasks[0]: {"rung": "given", "seed": None, "cross_layer_avg": math.nan, "model": args.model}}
     else:
         ladder = json.loads(args.ladder_results.read_text())
-        rule = ("the ACL-ladder rung with the highest mean cross-layer dev average over seeds, and of that rung the "
-                "seed with the highest cross-layer average (selection on the same dev subsets; stated before the "
-                "sweeps ran).")
+        rule = (
+            "the ACL-ladder rung with the highest mean cross-layer dev average over seeds, and of that rung the "
+            "seed with the highest cross-layer average (selection on the same dev subsets; stated before the "
+            "sweeps ran)."
+        )
         models = pick_models(ladder, scale.tasks)
     curves, walls, paths = {}, {}, []
     for task, m in models.items():
@@ -218,15 +291,28 @@ def main(argv: list[str] | None = None) -> int:
         paths.append(path)
         print(f"{task}: {m['rung']} seed {m['seed']}: early exit done in {walls[task]:.0f}s", flush=True)
     report = elue(paths, args.work_dir)
-    fronts = {task: {name: pareto_front([(p["mean_flops"], p["score"]) for p in entry["points"]
-                                          if p["score"] is not None])
-                     for name, entry in data["strategies"].items()} for task, data in curves.items()}
+    fronts = {
+        task: {
+            name: pareto_front([(p["mean_flops"], p["score"]) for p in entry["points"] if p["score"] is not None])
+            for name, entry in data["strategies"].items()
+        }
+        for task, data in curves.items()
+    }
     results = {
-        "experiment": "early_exit_pareto", "scale": args.scale, "settings": asdict(scale), "model_rule": rule,
-        "models": models, "strategies": list(STRATEGIES), "curves": curves, "pareto_fronts": fronts,
-        "elue": report, "wall_s": walls, "total_wall_s": sum(walls.values()),
+        "experiment": "early_exit_pareto",
+        "scale": args.scale,
+        "settings": asdict(scale),
+        "model_rule": rule,
+        "models": models,
+        "strategies": list(STRATEGIES),
+        "curves": curves,
+        "pareto_fronts": fronts,
+        "elue": report,
+        "wall_s": walls,
+        "total_wall_s": sum(walls.values()),
         "elue_mean_over_strategies": mean_std([v["score"] for v in report.values() if v["score"] is not None])
-        if report else None,
+        if report
+        else None,
     }
     args.output.mkdir(parents=True, exist_ok=True)
     write_json(args.output / "results.json", results)

@@ -34,8 +34,11 @@ from experiments.pretrain_lab import (
 )
 
 ARMS = ("G2_equal_steps", "G1_equal_steps", "G1_equal_time")
-ARM_LABELS = {"G2_equal_steps": "G=2 (equal steps = reference)", "G1_equal_steps": "G=1, equal steps",
-              "G1_equal_time": "G=1, equal wall time"}
+ARM_LABELS = {
+    "G2_equal_steps": "G=2 (equal steps = reference)",
+    "G1_equal_steps": "G=1, equal steps",
+    "G1_equal_time": "G=1, equal wall time",
+}
 
 
 def run(scale_name: str, work: Path, out: Path, seeds: list[int]) -> dict:
@@ -49,15 +52,24 @@ def run(scale_name: str, work: Path, out: Path, seeds: list[int]) -> dict:
         g2 = pretrain(work, scale, MULTI_EXIT_G2, seed, data)
         g1 = pretrain(work, scale, Arm("grouped", num_groups=1, gradient_equilibrium=True), seed, data)
         equal_time_steps = max(1, round(scale.pretrain_steps * g2["median_step_s"] / g1["median_step_s"]))
-        g1_time = pretrain(work, scale, Arm("grouped", num_groups=1, gradient_equilibrium=True,
-                                            steps=equal_time_steps), seed, data)
+        g1_time = pretrain(
+            work, scale, Arm("grouped", num_groups=1, gradient_equilibrium=True, steps=equal_time_steps), seed, data
+        )
         for arm, r in zip(ARMS, (g2, g1, g1_time)):
             evaluation = heldout_mlm_loss(work, scale, f"{arm}_seed{seed}", Path(r["hf_dir"]), heldout)
-            runs[arm][str(seed)] = {"pretrain": {k: v for k, v in r.items() if k != "hf_dir"},
-                                    "steps": len(r["step_time_s"]), "heldout": evaluation}
+            runs[arm][str(seed)] = {
+                "pretrain": {k: v for k, v in r.items() if k != "hf_dir"},
+                "steps": len(r["step_time_s"]),
+                "heldout": evaluation,
+            }
     results = {
-        "experiment": "grouping", "scale": scale_name, "settings": asdict(scale), "seeds": seeds, "runs": runs,
-        "summary": summarise(runs, seeds), "wall_s_this_invocation": time.perf_counter() - started,
+        "experiment": "grouping",
+        "scale": scale_name,
+        "settings": asdict(scale),
+        "seeds": seeds,
+        "runs": runs,
+        "summary": summarise(runs, seeds),
+        "wall_s_this_invocation": time.perf_counter() - started,
     }
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "results.json", results)
@@ -73,9 +85,13 @@ def summarise(runs: dict, seeds: list[int]) -> dict:
         by_seed = [runs[arm][str(s)] for s in seeds]
         exits = by_seed[0]["heldout"]["exits"]
         summary[arm] = {
-            "mlm_loss": {str(e): dict(zip(("mean", "std"), mean_std([r["heldout"]["mlm_loss"][i] for r in by_seed])),
-                                      values=[r["heldout"]["mlm_loss"][i] for r in by_seed])
-                         for i, e in enumerate(exits)},
+            "mlm_loss": {
+                str(e): dict(
+                    zip(("mean", "std"), mean_std([r["heldout"]["mlm_loss"][i] for r in by_seed])),
+                    values=[r["heldout"]["mlm_loss"][i] for r in by_seed],
+                )
+                for i, e in enumerate(exits)
+            },
             "mlm_accuracy": {str(e): [r["heldout"]["mlm_accuracy"][i] for r in by_seed] for i, e in enumerate(exits)},
             "steps": [r["steps"] for r in by_seed],
             "median_step_s": [r["pretrain"]["median_step_s"] for r in by_seed],
@@ -96,8 +112,14 @@ def plot(results: dict, loss_path: Path, time_path: Path) -> None:
     for arm in ARMS:
         rows = results["summary"][arm]["mlm_loss"]
         exits = [int(e) for e in rows]
-        ax.errorbar(exits, [rows[e]["mean"] for e in rows], yerr=[rows[e]["std"] for e in rows], marker="o",
-                    capsize=3, label=ARM_LABELS[arm])
+        ax.errorbar(
+            exits,
+            [rows[e]["mean"] for e in rows],
+            yerr=[rows[e]["std"] for e in rows],
+            marker="o",
+            capsize=3,
+            label=ARM_LABELS[arm],
+        )
     ax.set_xlabel("exit (layer)")
     ax.set_ylabel("held-out MLM loss (mean ± std over seeds)")
     ax.set_title("Per-exit MLM loss on held-out Gutenberg books")
@@ -141,35 +163,56 @@ def section(results: dict, verdict_md: str) -> str:
         "### Held-out MLM loss per exit, mean ± std over seeds (lower is better)",
         "",
     ]
-    rows = [[ARM_LABELS[a], fmt_mean_std(summary[a]["steps"], 0)]
-            + [fmt_mean_std(summary[a]["mlm_loss"][e]["values"], 3) for e in exits] for a in ARMS]
+    rows = [
+        [ARM_LABELS[a], fmt_mean_std(summary[a]["steps"], 0)]
+        + [fmt_mean_std(summary[a]["mlm_loss"][e]["values"], 3) for e in exits]
+        for a in ARMS
+    ]
     parts += [md_table(["arm", "steps"] + [f"exit {e}" for e in exits], rows), "", "Every run:", ""]
     rows = []
     for a in ARMS:
         for seed in seeds:
             r = results["runs"][a][str(seed)]
-            rows.append([ARM_LABELS[a], str(seed), str(r["steps"]), f"{r['pretrain']['train_s']:.0f}"]
-                        + [f"{x:.3f}" for x in r["heldout"]["mlm_loss"]])
+            rows.append(
+                [ARM_LABELS[a], str(seed), str(r["steps"]), f"{r['pretrain']['train_s']:.0f}"]
+                + [f"{x:.3f}" for x in r["heldout"]["mlm_loss"]]
+            )
     parts += [md_table(["arm", "seed", "steps", "train s"] + [f"exit {e}" for e in exits], rows), ""]
     parts += ["### Time per step", ""]
-    rows = [[ARM_LABELS[a], " ".join(f"{x:.2f}" for x in summary[a]["median_step_s"]),
-             fmt_mean_std(summary[a]["median_step_s"], 2), fmt_mean_std(summary[a]["train_s"], 0)]
-            for a in ARMS]
-    parts += [md_table(["arm", "median s/step per seed", "mean ± std", "training s (sum of steps)"], rows), "",
-              f"G=1 ÷ G=2 seconds per step: {' '.join(f'{x:.2f}' for x in summary['speedup_G2_over_G1_per_step'])}"
-              f" (mean {fmt_mean_std(summary['speedup_G2_over_G1_per_step'], 2)}).", "",
-              f"Compute: {pretrain_minutes(results):.1f} min of `pretrain train` processes (start-up included; the "
-              "G=2 runs are shared with experiment 1), 1 thread each. Timings come from a 2-core machine shared with "
-              "other jobs (load 2–4), so step times carry about ±15 % noise.", "",
-              "![held-out MLM loss](heldout_mlm_loss.png) ![time per step](step_time.png)", "",
-              verdict_md, ""]
+    rows = [
+        [
+            ARM_LABELS[a],
+            " ".join(f"{x:.2f}" for x in summary[a]["median_step_s"]),
+            fmt_mean_std(summary[a]["median_step_s"], 2),
+            fmt_mean_std(summary[a]["train_s"], 0),
+        ]
+        for a in ARMS
+    ]
+    parts += [
+        md_table(["arm", "median s/step per seed", "mean ± std", "training s (sum of steps)"], rows),
+        "",
+        f"G=1 ÷ G=2 seconds per step: {' '.join(f'{x:.2f}' for x in summary['speedup_G2_over_G1_per_step'])}"
+        f" (mean {fmt_mean_std(summary['speedup_G2_over_G1_per_step'], 2)}).",
+        "",
+        f"Compute: {pretrain_minutes(results):.1f} min of `pretrain train` processes (start-up included; the "
+        "G=2 runs are shared with experiment 1), 1 thread each. Timings come from a 2-core machine shared with "
+        "other jobs (load 2–4), so step times carry about ±15 % noise.",
+        "",
+        "![held-out MLM loss](heldout_mlm_loss.png) ![time per step](step_time.png)",
+        "",
+        verdict_md,
+        "",
+    ]
     return "\n".join(parts)
 
 
 def pretrain_minutes(results: dict) -> float:
     """Distinct pre-training runs only: the equal-time arm reuses the equal-steps run when the step counts match."""
-    walls = {(r["pretrain"]["command"]): r["pretrain"]["process_wall_s"]
-             for by_seed in results["runs"].values() for r in by_seed.values()}
+    walls = {
+        (r["pretrain"]["command"]): r["pretrain"]["process_wall_s"]
+        for by_seed in results["runs"].values()
+        for r in by_seed.values()
+    }
     return sum(walls.values()) / 60
 
 
@@ -187,8 +230,11 @@ def check(results: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", choices=sorted(SCALES), default="report")
-    parser.add_argument("--work-dir", default="/tmp/exp_pretrain", help="runs, checkpoints, tokenised corpus "
-                        "(share it with pretrain_exits to reuse its G=2 arm)")
+    parser.add_argument(
+        "--work-dir",
+        default="/tmp/exp_pretrain",
+        help="runs, checkpoints, tokenised corpus (share it with pretrain_exits to reuse its G=2 arm)",
+    )
     parser.add_argument("--output", default=None, help="default: docs/results/grouping")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     args = parser.parse_args(argv)

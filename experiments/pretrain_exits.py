@@ -37,10 +37,15 @@ from experiments.pretrain_lab import (
 
 TASKS = ("SST-2", "MRPC")
 MODELS = ("multi_exit_G2", "last_layer_only", "minilm")
-MODEL_LABELS = {"multi_exit_G2": "(a) multi-exit G=2 + GE", "last_layer_only": "(b) last layer only",
-                "minilm": "MiniLM, untouched"}
-MAJORITY_NOTE = ("The row 'majority class' is the best constant prediction's score on the same dev subset "
-                 "(full dev sets: SST-2 50.9; MRPC always-paraphrase acc 68.4, F1 81.2, score 74.8)")
+MODEL_LABELS = {
+    "multi_exit_G2": "(a) multi-exit G=2 + GE",
+    "last_layer_only": "(b) last layer only",
+    "minilm": "MiniLM, untouched",
+}
+MAJORITY_NOTE = (
+    "The row 'majority class' is the best constant prediction's score on the same dev subset "
+    "(full dev sets: SST-2 50.9; MRPC always-paraphrase acc 68.4, F1 81.2, score 74.8)"
+)
 
 
 def run(scale_name: str, work: Path, out: Path, seeds: list[int]) -> dict:
@@ -58,23 +63,36 @@ def run(scale_name: str, work: Path, out: Path, seeds: list[int]) -> dict:
             model_dir = minilm_path() if model == "minilm" else Path(pretrained[model][seed]["hf_dir"])
             for task in TASKS:
                 for layers in scale.layers:
-                    finetunes.append(finetune_static(work, scale, f"{model}_seed{seed}" if model != "minilm"
-                                                     else "minilm", model_dir, task, layers, seed))
+                    finetunes.append(
+                        finetune_static(
+                            work,
+                            scale,
+                            f"{model}_seed{seed}" if model != "minilm" else "minilm",
+                            model_dir,
+                            task,
+                            layers,
+                            seed,
+                        )
+                    )
     for r in finetunes:  # one name per arm in the tables, whatever the seed of its pre-training
         r["model"] = r["model"].split("_seed")[0]
     results = {
-        "experiment": "pretrain_exits", "scale": scale_name, "settings": scale_settings(scale), "seeds": seeds,
+        "experiment": "pretrain_exits",
+        "scale": scale_name,
+        "settings": scale_settings(scale),
+        "seeds": seeds,
         "pretrain": {m: {str(s): strip_pretrain(r) for s, r in by_seed.items()} for m, by_seed in pretrained.items()},
         "finetune": finetunes,
         "summary": summarise(finetunes, scale, seeds),
-        "majority_baseline": {task: {str(seed): majority_baseline(scale, task, seed) for seed in seeds}
-                              for task in TASKS},
+        "majority_baseline": {
+            task: {str(seed): majority_baseline(scale, task, seed) for seed in seeds} for task in TASKS
+        },
         "wall_s_this_invocation": time.perf_counter() - started,
         "commands": {
             "pretrain_a": pretrained["multi_exit_G2"][seeds[0]]["command"].replace(str(work), "$WORK"),
             "pretrain_b": pretrained["last_layer_only"][seeds[0]]["command"].replace(str(work), "$WORK"),
-            "finetune_example": "python -m finetune " + " ".join(
-                finetune_args(scale, Path("MODEL"), "SST-2", 3, seeds[0], Path("OUT"))),
+            "finetune_example": "python -m finetune "
+            + " ".join(finetune_args(scale, Path("MODEL"), "SST-2", 3, seeds[0], Path("OUT"))),
         },
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -102,12 +120,18 @@ def summarise(finetunes: list[dict], scale: Scale, seeds: list[int]) -> dict:
         for model in MODELS:
             summary[task][model] = {}
             for layers in scale.layers:
-                runs = sorted((r for r in finetunes if r["task"] == task and r["model"] == model
-                               and r["layers"] == layers), key=lambda r: r["seed"])
+                runs = sorted(
+                    (r for r in finetunes if r["task"] == task and r["model"] == model and r["layers"] == layers),
+                    key=lambda r: r["seed"],
+                )
                 scores = [r["score"] for r in runs]
                 mean, std = mean_std(scores)
-                summary[task][model][str(layers)] = {"mean": mean, "std": std, "scores": scores,
-                                                     "seeds": [r["seed"] for r in runs]}
+                summary[task][model][str(layers)] = {
+                    "mean": mean,
+                    "std": std,
+                    "scores": scores,
+                    "seeds": [r["seed"] for r in runs],
+                }
     return summary
 
 
@@ -171,8 +195,9 @@ def section(results: dict, verdict_md: str) -> str:
     for task in TASKS:
         metric = "accuracy" if task == "SST-2" else "mean of F1 and accuracy"
         parts += [f"### {task} dev score ({metric}), mean ± std over seeds", ""]
-        rows = [[MODEL_LABELS[m]] + [fmt_mean_std(results["summary"][task][m][x]["scores"]) for x in layers]
-                for m in MODELS]
+        rows = [
+            [MODEL_LABELS[m]] + [fmt_mean_std(results["summary"][task][m][x]["scores"]) for x in layers] for m in MODELS
+        ]
         floor = [results["majority_baseline"][task][str(seed)]["score"] for seed in results["seeds"]]
         rows.append(["majority class (same dev subset)"] + [fmt_mean_std(floor)] * len(layers))
         parts += [md_table(["model"] + [f"L{x}" for x in layers], rows), ""]
@@ -180,25 +205,47 @@ def section(results: dict, verdict_md: str) -> str:
         rows = []
         for m in MODELS:
             for seed in results["seeds"]:
-                runs = {str(r["layers"]): r for r in results["finetune"]
-                        if r["task"] == task and r["model"] == m and r["seed"] == seed}
+                runs = {
+                    str(r["layers"]): r
+                    for r in results["finetune"]
+                    if r["task"] == task and r["model"] == m and r["seed"] == seed
+                }
                 rows.append([MODEL_LABELS[m], str(seed)] + [f"{runs[x]['score']:.1f}" for x in layers])
         parts += [md_table(["model", "seed"] + [f"L{x}" for x in layers], rows), ""]
     parts += ["### Pre-training runs", ""]
     rows = []
     for m, by_seed in results["pretrain"].items():
         for seed, r in by_seed.items():
-            rows.append([MODEL_LABELS[m], seed, f"{r['train_s']:.0f}", f"{r['median_step_s']:.2f}",
-                         f"{r['process_wall_s']:.0f}", " ".join(f"{x:.2f}" for x in r["final_train_mlm_loss"])])
-    parts += [md_table(["arm", "seed", "train s", "median step s", "process wall s",
-                        "last-step train MLM loss (active exits)"], rows), ""]
+            rows.append(
+                [
+                    MODEL_LABELS[m],
+                    seed,
+                    f"{r['train_s']:.0f}",
+                    f"{r['median_step_s']:.2f}",
+                    f"{r['process_wall_s']:.0f}",
+                    " ".join(f"{x:.2f}" for x in r["final_train_mlm_loss"]),
+                ]
+            )
+    parts += [
+        md_table(
+            ["arm", "seed", "train s", "median step s", "process wall s", "last-step train MLM loss (active exits)"],
+            rows,
+        ),
+        "",
+    ]
     ft_seconds = sum(r["seconds"] for r in results["finetune"])
     pt_seconds = sum(r["process_wall_s"] for by_seed in results["pretrain"].values() for r in by_seed.values())
-    parts += [f"Compute: pre-training {pt_seconds / 60:.1f} min ({sum(map(len, results['pretrain'].values()))} "
-              f"`pretrain train` processes, start-up included, export not), fine-tuning {ft_seconds / 60:.1f} min "
-              f"({len(results['finetune'])} runs), 1 thread each. Each unit is timed once, when it runs; a rerun "
-              "reuses finished units.", "", "![per-layer dev scores](per_layer_dev.png)", "",
-              verdict_md, ""]
+    parts += [
+        f"Compute: pre-training {pt_seconds / 60:.1f} min ({sum(map(len, results['pretrain'].values()))} "
+        f"`pretrain train` processes, start-up included, export not), fine-tuning {ft_seconds / 60:.1f} min "
+        f"({len(results['finetune'])} runs), 1 thread each. Each unit is timed once, when it runs; a rerun "
+        "reuses finished units.",
+        "",
+        "![per-layer dev scores](per_layer_dev.png)",
+        "",
+        verdict_md,
+        "",
+    ]
     return "\n".join(parts)
 
 

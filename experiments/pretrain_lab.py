@@ -54,16 +54,43 @@ class Scale:
 
 SCALES = {
     "smoke": Scale(
-        train_books=("11-0.txt", "1952-0.txt"), heldout_books=("41-0.txt",), seq_len=64, global_batch=4,
-        pretrain_steps=2, lr=2e-4, warmup_steps=1, heldout_samples=8, sst2_train=32, sst2_dev=32,
-        sst2_max_length=32, mrpc_train=32, mrpc_dev=32, mrpc_max_length=48, ft_epochs=1, ft_lr=1.5e-4, ft_batch=16,
+        train_books=("11-0.txt", "1952-0.txt"),
+        heldout_books=("41-0.txt",),
+        seq_len=64,
+        global_batch=4,
+        pretrain_steps=2,
+        lr=2e-4,
+        warmup_steps=1,
+        heldout_samples=8,
+        sst2_train=32,
+        sst2_dev=32,
+        sst2_max_length=32,
+        mrpc_train=32,
+        mrpc_dev=32,
+        mrpc_max_length=48,
+        ft_epochs=1,
+        ft_lr=1.5e-4,
+        ft_batch=16,
         layers=(1, 6),
     ),
     "report": Scale(
         train_books=("11-0.txt", "1155-0.txt", "120-0.txt", "1237-0.txt", "140-0.txt", "16-0.txt"),
-        heldout_books=("41-0.txt", "43-0.txt", "46-0.txt"), seq_len=128, global_batch=16, pretrain_steps=16,
-        lr=2e-4, warmup_steps=2, heldout_samples=128, sst2_train=320, sst2_dev=200, sst2_max_length=40,
-        mrpc_train=320, mrpc_dev=200, mrpc_max_length=56, ft_epochs=1, ft_lr=1.5e-4, ft_batch=8,
+        heldout_books=("41-0.txt", "43-0.txt", "46-0.txt"),
+        seq_len=128,
+        global_batch=16,
+        pretrain_steps=16,
+        lr=2e-4,
+        warmup_steps=2,
+        heldout_samples=128,
+        sst2_train=320,
+        sst2_dev=200,
+        sst2_max_length=40,
+        mrpc_train=320,
+        mrpc_dev=200,
+        mrpc_max_length=56,
+        ft_epochs=1,
+        ft_lr=1.5e-4,
+        ft_batch=8,
         layers=(1, 2, 3, 4, 5, 6),
     ),
 }
@@ -112,9 +139,23 @@ def prepare_corpus(work: Path, name: str, books: tuple[str, ...]) -> Path:
     out = work / "data" / name
     if (out / "manifest.json").is_file():
         return out
-    run_cli("data_prep", ["tokenize", *[GUTENBERG / b for b in books], "--output", out, "--tokenizer",
-                          minilm_path() / "vocab.txt", "--workers", "1", "--valid-fraction", "0.01",
-                          "--no-progress"], work / "logs" / f"data_{name}.log")
+    run_cli(
+        "data_prep",
+        [
+            "tokenize",
+            *[GUTENBERG / b for b in books],
+            "--output",
+            out,
+            "--tokenizer",
+            minilm_path() / "vocab.txt",
+            "--workers",
+            "1",
+            "--valid-fraction",
+            "0.01",
+            "--no-progress",
+        ],
+        work / "logs" / f"data_{name}.log",
+    )
     return out
 
 
@@ -145,16 +186,28 @@ def pretrain_args(arm: Arm, scale: Scale, seed: int, data: Path, run_dir: Path) 
     """`pretrain train` arguments: tiny_cpu.yaml with the demo's MiniLM overrides; only exits and seed vary."""
     steps = arm.steps or scale.pretrain_steps
     sets = [
-        "model.init_from=minilm", "model.hidden_size=384", f"model.num_hidden_layers={MODEL_LAYERS}",
-        "model.num_attention_heads=12", "model.intermediate_size=1536", "model.max_position_embeddings=512",
-        f"data.corpora=[{{name: gutenberg, path: {data}, weight: 1.0}}]", f"data.max_seq_len={scale.seq_len}",
-        f"train.train_steps={steps}", f"train.global_batch_size={scale.global_batch}",
-        f"train.micro_batch_size={scale.global_batch}", f"train.seed={seed}",
-        f"optim.lr={scale.lr}", f"optim.warmup_steps={min(scale.warmup_steps, steps)}",
-        f"exits.num_groups={arm.num_groups}", f"exits.gradient_equilibrium={str(arm.gradient_equilibrium).lower()}",
+        "model.init_from=minilm",
+        "model.hidden_size=384",
+        f"model.num_hidden_layers={MODEL_LAYERS}",
+        "model.num_attention_heads=12",
+        "model.intermediate_size=1536",
+        "model.max_position_embeddings=512",
+        f"data.corpora=[{{name: gutenberg, path: {data}, weight: 1.0}}]",
+        f"data.max_seq_len={scale.seq_len}",
+        f"train.train_steps={steps}",
+        f"train.global_batch_size={scale.global_batch}",
+        f"train.micro_batch_size={scale.global_batch}",
+        f"train.seed={seed}",
+        f"optim.lr={scale.lr}",
+        f"optim.warmup_steps={min(scale.warmup_steps, steps)}",
+        f"exits.num_groups={arm.num_groups}",
+        f"exits.gradient_equilibrium={str(arm.gradient_equilibrium).lower()}",
         f"exits.last_layer_only={str(arm.exits == 'last').lower()}",
-        f"checkpoint.interval={steps}", "checkpoint.keep_last=1", "eval.interval=0",
-        "logging.progress=false", "logging.tensorboard=false",
+        f"checkpoint.interval={steps}",
+        "checkpoint.keep_last=1",
+        "eval.interval=0",
+        "logging.progress=false",
+        "logging.tensorboard=false",
     ]
     args = ["train", "--config", "configs/tiny_cpu.yaml", "--output", str(run_dir)]
     for s in sets:
@@ -172,19 +225,23 @@ def pretrain(work: Path, scale: Scale, arm: Arm, seed: int, data: Path) -> dict:
         log = work / "logs" / f"pretrain_{name}.log"
         args = pretrain_args(arm, scale, seed, data, run_dir)
         wall = run_cli("pretrain", args, log)
-        run_cli("pretrain", ["export", "--checkpoint", run_dir / "checkpoints", "--output", hf_dir, "--overwrite"],
-                log)
+        run_cli("pretrain", ["export", "--checkpoint", run_dir / "checkpoints", "--output", hf_dir, "--overwrite"], log)
         from pretrain.metrics import latest_per_step, read_jsonl
 
         steps = latest_per_step(read_jsonl(run_dir / "metrics.jsonl"))
         records = [steps[k] for k in sorted(steps)]
         step_times = [r["step_time_s"] for r in records]
         return {
-            "arm": asdict(arm), "seed": seed, "hf_dir": str(hf_dir), "process_wall_s": wall,
-            "train_s": sum(step_times), "step_time_s": step_times,
+            "arm": asdict(arm),
+            "seed": seed,
+            "hf_dir": str(hf_dir),
+            "process_wall_s": wall,
+            "train_s": sum(step_times),
+            "step_time_s": step_times,
             # step 1 pays one-off costs (allocations, first DataLoader batch): left out of the typical step
             "median_step_s": statistics.median(step_times[1:] or step_times),
-            "loss": [r["loss"] for r in records], "active_exits": [r["active_exits"] for r in records],
+            "loss": [r["loss"] for r in records],
+            "active_exits": [r["active_exits"] for r in records],
             "final_train_mlm_loss": records[-1]["mlm_loss"],
             "command": "python -m pretrain " + " ".join(args),
         }
@@ -206,8 +263,9 @@ def heldout_mlm_loss(work: Path, scale: Scale, name: str, hf_dir: Path, heldout:
         from pretrain.data import MaskingConfig, PretrainingDataset, collate, load_or_build_index
 
         corpus = open_corpus(heldout, "train")  # every sample of these books is held out
-        index, _, _ = load_or_build_index(corpus, "train", scale.seq_len, 0.0, HELDOUT_SAMPLE_SEED,
-                                          [heldout / "index_cache"])
+        index, _, _ = load_or_build_index(
+            corpus, "train", scale.seq_len, 0.0, HELDOUT_SAMPLE_SEED, [heldout / "index_cache"]
+        )
         dataset = PretrainingDataset(corpus, index, MaskingConfig(scale.seq_len, seed=HELDOUT_MASK_SEED))
         # evenly spaced samples across the books, the same for every model
         picks = [int(i) for i in torch.linspace(0, len(dataset) - 1, scale.heldout_samples).round().tolist()]
@@ -220,38 +278,69 @@ def heldout_mlm_loss(work: Path, scale: Scale, name: str, hf_dir: Path, heldout:
         start = time.perf_counter()
         with torch.no_grad():
             for b in range(0, len(picks), 16):
-                batch = collate([dataset[i] for i in picks[b:b + 16]], int(corpus.special_ids["pad"]))
+                batch = collate([dataset[i] for i in picks[b : b + 16]], int(corpus.special_ids["pad"]))
                 out = model(**batch, active_exits=exits, gradient_equilibrium=False)
                 n = float((batch["mlm_labels"] != -100).sum())
                 loss_sum += out.mlm_loss.double() * n
                 correct_sum += out.mlm_accuracy.double() * n
                 masked += n
-        return {"model": name, "exits": list(exits), "samples": len(picks), "masked_tokens": int(masked),
-                "mlm_loss": (loss_sum / masked).tolist(), "mlm_accuracy": (correct_sum / masked).tolist(),
-                "seconds": time.perf_counter() - start}
+        return {
+            "model": name,
+            "exits": list(exits),
+            "samples": len(picks),
+            "masked_tokens": int(masked),
+            "mlm_loss": (loss_sum / masked).tolist(),
+            "mlm_accuracy": (correct_sum / masked).tolist(),
+            "seconds": time.perf_counter() - start,
+        }
 
     return unit(work, f"heldout_{name}", compute)
 
 
 # -------------------------------------------------------------------------------------------------- fine-tuning
 
-TASK_SIZES = {"SST-2": ("sst2_train", "sst2_dev", "sst2_max_length"),
-              "MRPC": ("mrpc_train", "mrpc_dev", "mrpc_max_length")}
+TASK_SIZES = {
+    "SST-2": ("sst2_train", "sst2_dev", "sst2_max_length"),
+    "MRPC": ("mrpc_train", "mrpc_dev", "mrpc_max_length"),
+}
 
 
 def finetune_args(scale: Scale, model_dir: Path, task: str, layers: int, seed: int, output: Path) -> list[str]:
     train_n, dev_n, max_len = (getattr(scale, f) for f in TASK_SIZES[task])
-    args = ["train", "--model", str(model_dir), "--task", task, "--data-dir", str(GLUE_DIR), "--output", str(output),
-            "--layers", str(layers), "--max-train-examples", str(train_n), "--max-length", str(max_len),
-            "--epochs", str(scale.ft_epochs), "--lr", str(scale.ft_lr), "--batch-size", str(scale.ft_batch),
-            "--seed", str(seed), "--no-progress"]
+    args = [
+        "train",
+        "--model",
+        str(model_dir),
+        "--task",
+        task,
+        "--data-dir",
+        str(GLUE_DIR),
+        "--output",
+        str(output),
+        "--layers",
+        str(layers),
+        "--max-train-examples",
+        str(train_n),
+        "--max-length",
+        str(max_len),
+        "--epochs",
+        str(scale.ft_epochs),
+        "--lr",
+        str(scale.ft_lr),
+        "--batch-size",
+        str(scale.ft_batch),
+        "--seed",
+        str(seed),
+        "--no-progress",
+    ]
     if dev_n is not None:  # each seed its own dev rows: how the committed results were made
         args += ["--max-dev-examples", str(dev_n), "--dev-subset-seed", str(seed)]
     return args
 
 
-def finetune_static(work: Path, scale: Scale, model_name: str, model_dir: Path, task: str, layers: int,
-                    seed: int) -> dict:
+def finetune_static(
+    work: Path, scale: Scale, model_name: str, model_dir: Path, task: str, layers: int, seed: int
+) -> dict:
     """Static fine-tune of the first `layers` layers; dev score at the end of training (one evaluation).
 
     Runs `finetune train` in this process (same argument parser, same code) instead of a subprocess: with ~100
@@ -277,9 +366,16 @@ def finetune_static(work: Path, scale: Scale, model_name: str, model_dir: Path, 
         scores = json.loads((output / "dev_scores.json").read_text())
         final = scores["history"][-1]["exits"][str(layers)]
         shutil.rmtree(output / "best", ignore_errors=True)  # weights: tens of MB each, not needed again
-        return {"model": model_name, "task": task, "layers": layers, "seed": seed, "seconds": seconds,
-                "dev_examples": scores["dev_examples"], "train_examples": scores["train_examples"],
-                **{k: float(v) for k, v in final.items()}}
+        return {
+            "model": model_name,
+            "task": task,
+            "layers": layers,
+            "seed": seed,
+            "seconds": seconds,
+            "dev_examples": scores["dev_examples"],
+            "train_examples": scores["train_examples"],
+            **{k: float(v) for k, v in final.items()},
+        }
 
     return unit(work, f"ft_{model_name}_{task}_L{layers}_seed{seed}", compute)
 

@@ -35,7 +35,8 @@ def default_data_dir() -> str | None:
 def add_data_dir(parser: argparse.ArgumentParser | Any) -> None:
     """`--data-dir`, the same for every finetune command."""
     parser.add_argument(
-        "--data-dir", default=default_data_dir(),
+        "--data-dir",
+        default=default_data_dir(),
         help="GLUE/ELUE data root or one task's folder; hf:NAME reads GLUE from the Hugging Face hub "
         "(default: $GLUE_DIR when set, else the hub)",
     )
@@ -142,8 +143,9 @@ class EncodedSplit:
         return self.input_ids.shape[0]
 
     @classmethod
-    def from_examples(cls, tokenizer: PreTrainedTokenizerBase, examples: Sequence[Example], max_length: int,
-                      chunk: int = 4096) -> EncodedSplit:
+    def from_examples(
+        cls, tokenizer: PreTrainedTokenizerBase, examples: Sequence[Example], max_length: int, chunk: int = 4096
+    ) -> EncodedSplit:
         """Tokenise `examples` (`chunk` at a time, so that a large test set never exists as Python lists at once),
         right-padded to the longest row."""
         starts = range(0, len(examples), chunk)
@@ -156,15 +158,20 @@ class EncodedSplit:
             return torch.cat([F.pad(part[key], (0, longest - part[key].shape[1]), value=pad) for part in parts])
 
         labels = torch.cat([part["labels"] for part in parts]) if all("labels" in part for part in parts) else None
-        return cls(stacked("input_ids", tokenizer.pad_token_id), stacked("attention_mask"),
-                   stacked("token_type_ids", tokenizer.pad_token_type_id), labels,
-                   torch.cat([part["index"] for part in parts]))
+        return cls(
+            stacked("input_ids", tokenizer.pad_token_id),
+            stacked("attention_mask"),
+            stacked("token_type_ids", tokenizer.pad_token_type_id),
+            labels,
+            torch.cat([part["index"] for part in parts]),
+        )
 
     def select(self, rows: torch.Tensor) -> EncodedSplit:
         """The rows `rows` (positions), in that order."""
         labels = self.labels[rows] if self.labels is not None else None
-        return EncodedSplit(self.input_ids[rows], self.attention_mask[rows], self.token_type_ids[rows], labels,
-                            self.index[rows])
+        return EncodedSplit(
+            self.input_ids[rows], self.attention_mask[rows], self.token_type_ids[rows], labels, self.index[rows]
+        )
 
     def batches(self, batch_size: int, sort_by_length: bool = True) -> list[Batch]:
         """The split in batches, each trimmed to its longest row. Length-sorted (longest first) unless told
@@ -218,8 +225,10 @@ def _gather(parts: Sequence[Any], order: torch.Tensor) -> Any:
     if dataclasses.is_dataclass(first):
         values = {
             f.name: _gather([getattr(p, f.name) for p in parts], order)
-            if isinstance(getattr(first, f.name), torch.Tensor) else getattr(first, f.name)
-            for f in dataclasses.fields(first) if f.init
+            if isinstance(getattr(first, f.name), torch.Tensor)
+            else getattr(first, f.name)
+            for f in dataclasses.fields(first)
+            if f.init
         }
         return type(first)(**values)
     raise TypeError(f"forward_in_order: cannot gather outputs of type {type(first).__name__}")

@@ -26,8 +26,14 @@ from .tasks import DataError, load_split
 
 @torch.inference_mode()
 def exit_embeddings(
-    model_dir: str | Path, task_name: str | None, data_dir: str | None, layer: int | None, split: str = "dev",
-    max_examples: int | None = 500, max_length: int = 128, batch_size: int = 64,
+    model_dir: str | Path,
+    task_name: str | None,
+    data_dir: str | None,
+    layer: int | None,
+    split: str = "dev",
+    max_examples: int | None = 500,
+    max_length: int = 128,
+    batch_size: int = 64,
 ) -> dict[str, np.ndarray]:
     """Exit `layer`'s representations, labels and label embeddings (both L2-normalised) for a split's examples."""
     model = load_finetuned(model_dir).eval()
@@ -76,7 +82,8 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _embeddings_main(args: argparse.Namespace) -> int:
-    arrays = exit_embeddings(args.model, args.task, args.data_dir, args.layer, args.split, args.max_examples,
-                             args.max_length)
+    arrays = exit_embeddings(
+        args.model, args.task, args.data_dir, args.layer, args.split, args.max_examples, args.max_length
+    )
     print(f"wrote {plot_embeddings(arrays, args.output, args.method)}")
     return 0

@@ -128,20 +128,42 @@ def evaluate_model(
         logits, labels = predict_exits(model, tokenizer, examples, batch_size, max_length)
         scores = per_exit_scores(spec, logits, labels)
         curve = out_dir / ("layer_curve.png" if len(specs) == 1 else f"layer_curve_{stem}.png")
-        entry: dict = {"split": split, "examples": len(examples), "main_metric": spec.main_metric,
-                       "exits": {str(k): v for k, v in scores.items()},
-                       "curve": str(plot_layer_curve(spec, scores, curve))}
+        entry: dict = {
+            "split": split,
+            "examples": len(examples),
+            "main_metric": spec.main_metric,
+            "exits": {str(k): v for k, v in scores.items()},
+            "curve": str(plot_layer_curve(spec, scores, curve)),
+        }
         if test:
-            entry["test"] = _test_predictions(model, tokenizer, spec, data_dir, out_dir / "predictions", stem,
-                                              exit_layer, all_exits, batch_size, max_length)
+            entry["test"] = _test_predictions(
+                model,
+                tokenizer,
+                spec,
+                data_dir,
+                out_dir / "predictions",
+                stem,
+                exit_layer,
+                all_exits,
+                batch_size,
+                max_length,
+            )
         result["tasks"][spec.name] = entry
     atomic_write_json(out_dir / "dev_scores.json", result)
     return result
 
 
 def _test_predictions(
-    model: ElasticBertForSequenceClassification, tokenizer: object, spec: TaskSpec, data_dir: str | None,
-    directory: Path, stem: str, exit_layer: int, all_exits: bool, batch_size: int, max_length: int,
+    model: ElasticBertForSequenceClassification,
+    tokenizer: object,
+    spec: TaskSpec,
+    data_dir: str | None,
+    directory: Path,
+    stem: str,
+    exit_layer: int,
+    all_exits: bool,
+    batch_size: int,
+    max_length: int,
 ) -> dict | str:
     """The test split's prediction files (the chosen exit, and every exit with `all_exits`), or why they were
     skipped (no test file)."""
@@ -152,8 +174,10 @@ def _test_predictions(
     logits, _ = predict_exits(model, tokenizer, examples, batch_size, max_length)
     files = [write_predictions(spec, examples, logits[exit_layer], directory / f"{stem}.tsv")]
     if all_exits:
-        files += [write_predictions(spec, examples, values, directory / f"layer_{layer}" / f"{stem}.tsv")
-                  for layer, values in logits.items()]
+        files += [
+            write_predictions(spec, examples, values, directory / f"layer_{layer}" / f"{stem}.tsv")
+            for layer, values in logits.items()
+        ]
     return {"exit": exit_layer, "files": [str(f) for f in files]}
 
 
@@ -169,11 +193,16 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     add_data_dir(p)
     add_output(p, "directory for dev_scores.json, layer_curve.png and predictions/")
     p.add_argument("--split", default="dev")
-    p.add_argument("--test", action=argparse.BooleanOptionalAction, default=True,
-                   help="write the test prediction files (default: %(default)s)")
+    p.add_argument(
+        "--test",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write the test prediction files (default: %(default)s)",
+    )
     p.add_argument("--predict-exit", type=int, help="exit whose predictions go into the submission (default: last)")
-    p.add_argument("--all-exits", action=argparse.BooleanOptionalAction, default=False,
-                   help="also write predictions of every exit")
+    p.add_argument(
+        "--all-exits", action=argparse.BooleanOptionalAction, default=False, help="also write predictions of every exit"
+    )
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--max-length", type=int, help="default: the training run's, else 128")
     add_max_examples(p, help="score a seeded random subset of the split")
@@ -182,8 +211,17 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
 
 def _main(args: argparse.Namespace) -> int:
     result = evaluate_model(
-        args.model, args.task, args.data_dir, args.output, args.split, args.test, args.predict_exit,
-        args.all_exits, args.batch_size, args.max_length, args.max_examples,
+        args.model,
+        args.task,
+        args.data_dir,
+        args.output,
+        args.split,
+        args.test,
+        args.predict_exit,
+        args.all_exits,
+        args.batch_size,
+        args.max_length,
+        args.max_examples,
     )
     for name, entry in result["tasks"].items():
         curve = ", ".join(f"L{k}: {v[entry['main_metric']]:.2f}" for k, v in entry["exits"].items())

@@ -100,5 +100,6 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperat
     if student.shape[-1] == 1:
         return F.mse_loss(student, teacher)
     t = temperature
-    return F.kl_div(F.log_softmax(student / t, dim=-1), F.log_softmax(teacher / t, dim=-1), reduction="batchmean",
-                    log_target=True) * (t * t)
+    return F.kl_div(
+        F.log_softmax(student / t, dim=-1), F.log_softmax(teacher / t, dim=-1), reduction="batchmean", log_target=True
+    ) * (t * t)

@@ -36,9 +36,7 @@ def _save(fig: object, path: Path) -> Path:
     return path
 
 
-def plot_layer_curve(
-    task: TaskSpec, scores: dict[int, dict[str, float]], path: Path, title: str | None = None
-) -> Path:
+def plot_layer_curve(task: TaskSpec, scores: dict[int, dict[str, float]], path: Path, title: str | None = None) -> Path:
     """Main metric per exit layer (and the task's individual metrics when it has several), as a PNG."""
     plt = _pyplot()
     layers = sorted(scores)
@@ -93,8 +91,7 @@ def plot_angles(run_dir: str | Path, output: str | Path | None = None) -> Path:
     trace.set_xlabel("training step (all phases)")
     trace.set_ylabel("angle (degrees)")
     rate = diag.get("drop_rate")
-    trace.set_title(f"ACL-Grad {'on' if diag['acl_grad'] else 'off'}, drop rate {100 * (rate or 0):.1f}%",
-                    fontsize=9)
+    trace.set_title(f"ACL-Grad {'on' if diag['acl_grad'] else 'off'}, drop rate {100 * (rate or 0):.1f}%", fontsize=9)
     fig.tight_layout()
     return _save(fig, Path(output) if output else (source.parent / "angles.png"))
 

@@ -94,8 +94,9 @@ class TestRun:
     batches: list[Batch]
 
     @classmethod
-    def from_results(cls, results: Mapping, model: ElasticBertForSequenceClassification | None = None,
-                     split_name: str = "test") -> TestRun:
+    def from_results(
+        cls, results: Mapping, model: ElasticBertForSequenceClassification | None = None, split_name: str = "test"
+    ) -> TestRun:
         """The model, data and settings recorded in an early-exit result (`model` may be given, already loaded)."""
         task = get_task(results["task"])
         model = model if model is not None else load_finetuned(results["model"])
@@ -104,8 +105,9 @@ class TestRun:
         split = EncodedSplit.from_examples(tokenizer, examples, int(results.get("max_length", 128)))
         return cls(results, model, task, split_name, split, split.batches(int(results.get("batch_size", 32))))
 
-    def write_point(self, name: str, point: Mapping, params: Mapping, head: LearnedExitHead | None,
-                    out: Path) -> list[Path]:
+    def write_point(
+        self, name: str, point: Mapping, params: Mapping, head: LearnedExitHead | None, out: Path
+    ) -> list[Path]:
         """Run one operating point (its rule, as recorded) over the split and write its files to `out`."""
         rule = make_rule(
             name,
@@ -184,8 +186,7 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--results", required=True, metavar="EARLY_EXIT.json", help="a result JSON of `early-exit`")
-    add_output(p, "directory that receives one <strategy>_<threshold>/ directory per operating point",
-               metavar="DIR")
+    add_output(p, "directory that receives one <strategy>_<threshold>/ directory per operating point", metavar="DIR")
     p.add_argument("--strategy", default=None, help="comma list of the result's strategies (default: all of them)")
     p.add_argument("--split", default="test", help="split to predict (default: %(default)s)")
     p.set_defaults(func=main)

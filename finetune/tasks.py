@@ -436,9 +436,7 @@ def _safe(value: float) -> float:
     return 0.0 if value is None or not math.isfinite(value) else float(value)
 
 
-def compute_metrics(
-    task: TaskSpec, preds: Sequence | np.ndarray, labels: Sequence | np.ndarray
-) -> dict[str, float]:
+def compute_metrics(task: TaskSpec, preds: Sequence | np.ndarray, labels: Sequence | np.ndarray) -> dict[str, float]:
     """The task's official metrics in percent plus `score` (their mean); constant predictions score 0 correlation."""
     from scipy.stats import pearsonr, spearmanr
     from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef

@@ -47,8 +47,10 @@ def _data_arguments(g: argparse._ArgumentGroup) -> None:
     option("seed", help="seed of the exit heads, dropout, data order and training subset")
     add_max_examples(g, "train", help="a seeded random subset of N training examples")
     add_max_examples(g, "dev", help="a seeded random subset of N dev examples")
-    option("dev_subset_seed", help="seed of that subset (the same rows for every --seed, and for early-exit "
-                                   "--max-examples)")
+    option(
+        "dev_subset_seed",
+        help="seed of that subset (the same rows for every --seed, and for early-exit --max-examples)",
+    )
     option("max_length", help="tokens per example")
 
 
@@ -62,8 +64,10 @@ def _exit_arguments(g: argparse._ArgumentGroup) -> None:
     option("method", help="multi-exit training method")
     option("jt_weights", help="JT loss weights per exit")
     option("stage2_epochs", help="2ST stage-2 epochs (default: --epochs)")
-    option("gradient_equilibrium", help="ElasticBERT's gradient equilibrium: rescale the gradients the exits send "
-                                        "into the shared layers")
+    option(
+        "gradient_equilibrium",
+        help="ElasticBERT's gradient equilibrium: rescale the gradients the exits send into the shared layers",
+    )
 
 
 def _objective_arguments(g: argparse._ArgumentGroup) -> None:
@@ -109,7 +113,8 @@ def _main(args: argparse.Namespace) -> int:
     summary = run_training(config_from_args(args))
     best = summary["best"]
     curve = ", ".join(f"L{k}: {v[summary['main_metric']]:.2f}" for k, v in best["exits"].items())
-    print(f"{summary['task']}: best ({best['phase']}, step {best['step']}) dev {summary['main_metric']} per exit: "
-          f"{curve}")
+    print(
+        f"{summary['task']}: best ({best['phase']}, step {best['step']}) dev {summary['main_metric']} per exit: {curve}"
+    )
     print(json.dumps({"output": args.output, "seconds": summary["seconds"]}))
     return 0

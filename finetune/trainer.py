@@ -282,8 +282,13 @@ class Trainer:
         cfg, epoch, produced = self.cfg, 0, 0
         while True:
             stream = iterate_batches(
-                self.tokenizer, self.train_examples, cfg.batch_size, cfg.max_length, shuffle=True,
-                seed=cfg.seed * 1000 + epoch, shard=(self.rank, self.world),
+                self.tokenizer,
+                self.train_examples,
+                cfg.batch_size,
+                cfg.max_length,
+                shuffle=True,
+                seed=cfg.seed * 1000 + epoch,
+                shard=(self.rank, self.world),
             )
             for batch in stream:
                 yield batch
@@ -313,8 +318,13 @@ class Trainer:
         selection = float(np.mean([scores[layer][main] for layer in phase.trained_exits]))
         result = EvalResult(step, scores, selection)
         self.history.append(
-            {"phase": phase.name, "step": step, "global_step": self.global_step, "selection": selection,
-             "exits": {str(k): v for k, v in scores.items()}}
+            {
+                "phase": phase.name,
+                "step": step,
+                "global_step": self.global_step,
+                "selection": selection,
+                "exits": {str(k): v for k, v in scores.items()},
+            }
         )
         if self.writer is not None:
             for layer, metrics in scores.items():
@@ -327,13 +337,20 @@ class Trainer:
             self.best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         return result
 
-    def log_step(self, phase: Phase, step: int, terms: list[ExitTerms], record: AngleRecord | None,
-                 stats: dict) -> None:
+    def log_step(
+        self, phase: Phase, step: int, terms: list[ExitTerms], record: AngleRecord | None, stats: dict
+    ) -> None:
         if record is not None:
             self.angles.append(
-                {"phase": phase.name, "step": step, "global_step": self.global_step, "angle": record.angle,
-                 "per_exit": {str(k): v for k, v in record.per_exit.items()}, "dropped": record.dropped,
-                 "num_exits": record.num_exits}
+                {
+                    "phase": phase.name,
+                    "step": step,
+                    "global_step": self.global_step,
+                    "angle": record.angle,
+                    "per_exit": {str(k): v for k, v in record.per_exit.items()},
+                    "dropped": record.dropped,
+                    "num_exits": record.num_exits,
+                }
             )
         if self.writer is None:
             return

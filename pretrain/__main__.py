@@ -24,8 +24,14 @@ from .config import CheckpointConfig, load_config
 
 def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="run config YAML (configs/*.yaml)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set optim.lr=1e-4 (repeatable; values parsed as YAML)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set optim.lr=1e-4 (repeatable; values parsed as YAML)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,24 +42,38 @@ def _parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train (resumes from OUTPUT/checkpoints/latest when there is one)")
     _config_args(t)
-    add_output(t, "the run directory: checkpoints/, metrics.jsonl, tensorboard/ ...; a run directory that holds "
-                  "checkpoints is resumed from", metavar="RUN")
+    add_output(
+        t,
+        "the run directory: checkpoints/, metrics.jsonl, tensorboard/ ...; a run directory that holds "
+        "checkpoints is resumed from",
+        metavar="RUN",
+    )
     t.add_argument("--ds-config", default=None, help="DeepSpeed JSON (default: train.ds_config of the run config)")
-    config_argument(t, CheckpointConfig, "force_resume",
-                    help="resume even if the checkpoint was written under a different config")
+    config_argument(
+        t, CheckpointConfig, "force_resume", help="resume even if the checkpoint was written under a different config"
+    )
     t.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
 
     e = sub.add_parser("export", help="DeepSpeed checkpoint -> Hugging Face directory (safetensors + tokenizer)")
     e.add_argument("--checkpoint", required=True, help="RUN/checkpoints")
     e.add_argument("--tag", default="latest")
     add_output(e, "the Hugging Face directory to write", metavar="DIR")
-    e.add_argument("--overwrite", action=argparse.BooleanOptionalAction, default=False,
-                   help="replace an existing non-empty OUTPUT (default: %(default)s)")
+    e.add_argument(
+        "--overwrite",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="replace an existing non-empty OUTPUT (default: %(default)s)",
+    )
 
     b = sub.add_parser("build-index", help="verify the data and cache the sample indexes offline (no process group)")
     _config_args(b)
-    add_output(b, "run directory whose index_cache/ is the fallback when a data directory is read-only "
-                  "(default: the current directory)", required=False, metavar="RUN")
+    add_output(
+        b,
+        "run directory whose index_cache/ is the fallback when a data directory is read-only "
+        "(default: the current directory)",
+        required=False,
+        metavar="RUN",
+    )
 
     c = sub.add_parser("check-config", help="validate a run config (+ DeepSpeed JSON) and print the resolved form")
     _config_args(c)
@@ -98,10 +118,24 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     validate(cfg, world_size=args.world_size)
-    ds, layout = fill_ds_config(load_ds_json(args.ds_config or cfg.train.ds_config), cfg, args.world_size,
-                                "cuda" if os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu")
-    print(json.dumps({"config": cfg.to_dict(), "exit_groups": cfg.exit_groups(), "deepspeed": ds,
-                      "layout": str(layout), "config_hash": cfg.semantic_hash()}, indent=2))
+    ds, layout = fill_ds_config(
+        load_ds_json(args.ds_config or cfg.train.ds_config),
+        cfg,
+        args.world_size,
+        "cuda" if os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu",
+    )
+    print(
+        json.dumps(
+            {
+                "config": cfg.to_dict(),
+                "exit_groups": cfg.exit_groups(),
+                "deepspeed": ds,
+                "layout": str(layout),
+                "config_hash": cfg.semantic_hash(),
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

@@ -164,8 +164,13 @@ def convert_to_universal(ckpt_dir: Path, tag: str) -> str:
         return out_tag
     with atomic_path(out) as tmp:
         args = argparse.Namespace(
-            input_folder=str(ckpt_dir / tag), output_folder=str(tmp), num_extract_workers=1, num_merge_workers=1,
-            keep_temp_folder=False, strict=True, inject_missing_state=True,
+            input_folder=str(ckpt_dir / tag),
+            output_folder=str(tmp),
+            num_extract_workers=1,
+            num_merge_workers=1,
+            keep_temp_folder=False,
+            strict=True,
+            inject_missing_state=True,
         )
         ds_to_universal.main(args)
         for name in (CLIENT_STATE, "export"):

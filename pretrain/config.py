@@ -25,9 +25,25 @@ from common.errors import ConfigError
 from common.io import atomic_write_text
 
 __all__ = [
-    "REPO_ROOT", "CheckpointConfig", "ConfigError", "CorpusConfig", "DataConfig", "EvalConfig", "ExitsConfig",
-    "LoggingConfig", "ModelConfig", "OptimConfig", "RunConfig", "TrainConfig", "config_from_dict", "config_problems",
-    "derive_exit_groups", "load_config", "resolve_path", "save_config", "validate",
+    "REPO_ROOT",
+    "CheckpointConfig",
+    "ConfigError",
+    "CorpusConfig",
+    "DataConfig",
+    "EvalConfig",
+    "ExitsConfig",
+    "LoggingConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "RunConfig",
+    "TrainConfig",
+    "config_from_dict",
+    "config_problems",
+    "derive_exit_groups",
+    "load_config",
+    "resolve_path",
+    "save_config",
+    "validate",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -240,8 +256,9 @@ def _coerce_choice(value: Any, choices: tuple[Any, ...], key: str, found: _Findi
     for choice in choices:
         if value == choice and isinstance(value, bool) == isinstance(choice, bool):
             return choice
-    found.add(choice_problem(key, value, choices)
-              or f"{key}={value!r}; expected one of {', '.join(repr(c) for c in choices)}")
+    found.add(
+        choice_problem(key, value, choices) or f"{key}={value!r}; expected one of {', '.join(repr(c) for c in choices)}"
+    )
     return value
 
 
@@ -429,8 +446,10 @@ def _exit_problems(x: ExitsConfig, layers: int) -> list[str]:
     if x.groups is not None:
         return _explicit_group_problems(x.groups, layers)
     if not 1 <= x.num_groups <= max(layers - 1, 1):
-        return [f"exits.num_groups={x.num_groups} must be within 1..{max(layers - 1, 1)} for {layers} layers "
-                "(a group with only the top layer would leave no intermediate exit)"]
+        return [
+            f"exits.num_groups={x.num_groups} must be within 1..{max(layers - 1, 1)} for {layers} layers "
+            "(a group with only the top layer would leave no intermediate exit)"
+        ]
     return []
 
 
@@ -453,12 +472,16 @@ def _batch_problems(t: TrainConfig, world_size: int | None) -> list[str]:
     if t.global_batch_size <= 0 or t.micro_batch_size <= 0:
         return ["train.global_batch_size and train.micro_batch_size must be > 0"]
     if t.global_batch_size % t.micro_batch_size:
-        return [f"train.global_batch_size={t.global_batch_size} is not divisible by "
-                f"train.micro_batch_size={t.micro_batch_size}"]
+        return [
+            f"train.global_batch_size={t.global_batch_size} is not divisible by "
+            f"train.micro_batch_size={t.micro_batch_size}"
+        ]
     if world_size is not None and t.global_batch_size % (t.micro_batch_size * world_size):
         hint = t.global_batch_size // world_size if t.global_batch_size % world_size == 0 else "it"
-        return [f"train.global_batch_size={t.global_batch_size} is not divisible by micro_batch_size × world_size "
-                f"= {t.micro_batch_size} × {world_size}; pick a micro-batch that divides {hint}"]
+        return [
+            f"train.global_batch_size={t.global_batch_size} is not divisible by micro_batch_size × world_size "
+            f"= {t.micro_batch_size} × {world_size}; pick a micro-batch that divides {hint}"
+        ]
     return []
 
 
@@ -470,8 +493,10 @@ def _train_problems(t: TrainConfig, o: OptimConfig, world_size: int | None) -> l
     if t.stop_after_steps is not None and t.stop_after_steps <= 0:
         p.append("train.stop_after_steps must be > 0")
     if o.name == "lamb" and t.zero_stage not in (None, 0):
-        p.append("optim.name=lamb needs ZeRO stage 0: ZeRO partitions flattened parameters, so LAMB's per-tensor "
-                 "trust ratio would be computed over arbitrary shards (DeepSpeed lists FusedLamb as unsupported)")
+        p.append(
+            "optim.name=lamb needs ZeRO stage 0: ZeRO partitions flattened parameters, so LAMB's per-tensor "
+            "trust ratio would be computed over arbitrary shards (DeepSpeed lists FusedLamb as unsupported)"
+        )
     return p
 
 

@@ -44,8 +44,9 @@ def open_corpus(path: Path, split: str) -> PreparedCorpus:
 def _verification_stamp(path: Path) -> str:
     """Name of the stamp of this exact corpus version: manifest hash + size and mtime of every file."""
     manifest = path / "manifest.json"
-    files = sorted(p for p in path.rglob("*") if p.is_file() and "index_cache" not in p.parts
-                   and ".work" not in p.parts)
+    files = sorted(
+        p for p in path.rglob("*") if p.is_file() and "index_cache" not in p.parts and ".work" not in p.parts
+    )
     key = hashlib.sha256(manifest.read_bytes() if manifest.is_file() else b"")
     for f in files:
         st = f.stat()
@@ -93,8 +94,10 @@ def tokenizer_fingerprint(corpus: Any) -> str:
 def corpus_path(c: CorpusConfig, k: int) -> Path:
     path = resolve_path(c.path)
     if "$" in str(path):
-        raise ConfigError(f"data.corpora[{k}].path={c.path!r}: environment variable not set "
-                          f"(export it, or --set data.corpora.{k}.path=DIR)")
+        raise ConfigError(
+            f"data.corpora[{k}].path={c.path!r}: environment variable not set "
+            f"(export it, or --set data.corpora.{k}.path=DIR)"
+        )
     return path
 
 
@@ -105,13 +108,16 @@ def index_caches(cfg: RunConfig, path: Path, run_dir: Path) -> list[Path]:
     return [path / "index_cache", run_dir / "index_cache"]
 
 
-def _split_dataset(cfg: RunConfig, k: int, path: Path, corpus: PreparedCorpus, split: str, caches: list[Path],
-                   bundle: DataBundle) -> PretrainingDataset:
+def _split_dataset(
+    cfg: RunConfig, k: int, path: Path, corpus: PreparedCorpus, split: str, caches: list[Path], bundle: DataBundle
+) -> PretrainingDataset:
     d = cfg.data
     index, where, _ = load_or_build_index(corpus, split, d.max_seq_len, d.short_seq_prob, cfg.train.seed, caches)
     if len(index) == 0:
-        raise ConfigError(f"data.corpora[{k}] ({path}, split {split}) yields no samples: documents need at "
-                          "least two sentences for sentence-order prediction")
+        raise ConfigError(
+            f"data.corpora[{k}] ({path}, split {split}) yields no samples: documents need at "
+            "least two sentences for sentence-order prediction"
+        )
     bundle.index_paths.append(str(where) if where else f"(in memory) {path} {split}")
     masking = MaskingConfig(d.max_seq_len, d.masked_lm_prob, d.max_ngram, cfg.train.seed)
     return PretrainingDataset(corpus, index, masking, corpus_id=k)
@@ -132,8 +138,10 @@ def open_data(cfg: RunConfig, run_dir: Path, need_valid: bool) -> DataBundle:
             fingerprint = fp
             bundle.special_ids, bundle.tokenizer_dir = dict(corpus.special_ids), tokenizer_dir_of(corpus)
         elif fp != fingerprint:
-            raise ConfigError(f"data.corpora[{k}] ({path}) uses a different tokenizer than data.corpora[0]; "
-                              "blended corpora must be prepared with the same vocabulary")
+            raise ConfigError(
+                f"data.corpora[{k}] ({path}) uses a different tokenizer than data.corpora[0]; "
+                "blended corpora must be prepared with the same vocabulary"
+            )
         bundle.train.append(_split_dataset(cfg, k, path, corpus, "train", caches, bundle))
         if need_valid:
             valid = open_corpus(path, "valid")

@@ -228,7 +228,7 @@ class PretrainingDataset:
         a, b = _truncate_pair(a, b, max(target, 2), rng)
         tokens = np.concatenate([[self.cls_id], a, [self.sep_id], b, [self.sep_id]]).astype(np.int64)
         types = np.zeros(len(tokens), dtype=np.int64)
-        types[len(a) + 2:] = 1
+        types[len(a) + 2 :] = 1
         input_ids, labels = self._mask(tokens, len(a), rng)
         return {
             "input_ids": input_ids,
@@ -267,12 +267,12 @@ class PretrainingDataset:
                 break
             for span in range(n, 0, -1):  # fall back to shorter spans that fit the budget / the segment
                 last = w + span - 1
-                if last >= num_words or seg_of_word[last] != seg_of_word[w] or covered[w:last + 1].any():
+                if last >= num_words or seg_of_word[last] != seg_of_word[w] or covered[w : last + 1].any():
                     continue
                 size = int(word_end[last] - word_pos[w])
                 if count + size > budget and count > 0:
                     continue
-                covered[w:last + 1] = True
+                covered[w : last + 1] = True
                 chosen.append((int(word_pos[w]), int(word_end[last])))
                 count += size
                 break
@@ -478,4 +478,3 @@ class Collator:
 
     def __call__(self, items: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
         return collate(items, self.pad_id)
-

@@ -29,8 +29,10 @@ class BatchLayout:
     world_size: int
 
     def __str__(self) -> str:
-        return (f"global batch {self.global_batch} = micro-batch {self.micro_batch} × accumulation "
-                f"{self.grad_accum} × world size {self.world_size}")
+        return (
+            f"global batch {self.global_batch} = micro-batch {self.micro_batch} × accumulation "
+            f"{self.grad_accum} × world size {self.world_size}"
+        )
 
 
 def load_ds_json(path: str | Path) -> dict[str, Any]:
@@ -53,8 +55,9 @@ def batch_layout(cfg: RunConfig, world_size: int) -> BatchLayout:
             f"train.global_batch_size={t.global_batch_size} is not divisible by micro_batch_size × world_size = "
             f"{t.micro_batch_size} × {world_size}"
         )
-    return BatchLayout(t.global_batch_size, t.micro_batch_size,
-                       t.global_batch_size // (t.micro_batch_size * world_size), world_size)
+    return BatchLayout(
+        t.global_batch_size, t.micro_batch_size, t.global_batch_size // (t.micro_batch_size * world_size), world_size
+    )
 
 
 def _fill(section: dict[str, Any], key: str, value: Any, where: str, problems: list[str]) -> None:
@@ -62,8 +65,10 @@ def _fill(section: dict[str, Any], key: str, value: Any, where: str, problems: l
     if current == AUTO:
         section[key] = value
     elif current != value and not (isinstance(current, list) and list(current) == list(value)):
-        problems.append(f"{where}.{key}={current!r} in the DeepSpeed JSON disagrees with the run config ({value!r}); "
-                        f"set it to \"auto\" or change the run config")
+        problems.append(
+            f"{where}.{key}={current!r} in the DeepSpeed JSON disagrees with the run config ({value!r}); "
+            f'set it to "auto" or change the run config'
+        )
 
 
 def precision_of(ds: dict[str, Any]) -> str:
@@ -87,8 +92,10 @@ def fill_ds_config(
     _fill(ds, "gradient_accumulation_steps", layout.grad_accum, "", problems)
     _fill(ds, "gradient_clipping", float(o.grad_clip), "", problems)
     if "scheduler" in ds:
-        problems.append("the DeepSpeed JSON has a 'scheduler': the lr schedule lives in the run config (optim.*), "
-                        "computed from the step so resume needs no scheduler state")
+        problems.append(
+            "the DeepSpeed JSON has a 'scheduler': the lr schedule lives in the run config (optim.*), "
+            "computed from the step so resume needs no scheduler state"
+        )
     opt = ds.setdefault("optimizer", {"type": AUTO, "params": {}})
     _fill(opt, "type", OPTIMIZER_TYPES.get(o.name, o.name), "optimizer", problems)
     params = opt.setdefault("params", {})
@@ -115,15 +122,17 @@ def fill_ds_config(
         if ds.get(sect, {}).get("enabled") == AUTO:
             ds[sect]["enabled"] = False
     if precision_of(ds) == "fp16" and device == "cpu":
-        problems.append("fp16 is not supported by DeepSpeed on CPU ('Type fp16 is not supported on your device'): "
-                        "use ds_configs/cpu_fp32.json, or bf16 (train.precision=bf16)")
+        problems.append(
+            "fp16 is not supported by DeepSpeed on CPU ('Type fp16 is not supported on your device'): "
+            "use ds_configs/cpu_fp32.json, or bf16 (train.precision=bf16)"
+        )
     if o.name == "lamb" and zero.get("stage", 0) != 0:
         problems.append("optim.name=lamb needs zero_optimization.stage 0 (ZeRO does not support LAMB)")
     if o.name == "lamb" and device != "cuda":
         problems.append("optim.name=lamb uses DeepSpeed's FusedLamb, which needs CUDA; use adamw on CPU")
     leftovers = [k for k, v in _walk(ds) if v == AUTO]
     if leftovers:
-        problems.append(f"DeepSpeed JSON fields left as \"auto\" that the run config cannot fill: {leftovers}")
+        problems.append(f'DeepSpeed JSON fields left as "auto" that the run config cannot fill: {leftovers}')
     ds.setdefault("steps_per_print", 10**9)
     if problems:
         raise ConfigError(problems, source="DeepSpeed config")

@@ -60,8 +60,10 @@ def export(ckpt_dir: Path, tag: str | None, output: Path, overwrite: bool = Fals
     tied = {"cls.predictions.decoder.weight"}
     missing = [k for k in missing if k not in tied]
     if missing or unexpected:
-        raise ResumeError(f"{ckpt_dir / tag}: weights do not match the saved config: missing {missing[:5]}, "
-                          f"unexpected {unexpected[:5]}")
+        raise ResumeError(
+            f"{ckpt_dir / tag}: weights do not match the saved config: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}"
+        )
     model.tie_weights()
     info = read_client_state(ckpt_dir, tag) if (ckpt_dir / tag / CLIENT_STATE).is_file() else {}
     with atomic_path(output) as tmp:
@@ -71,6 +73,7 @@ def export(ckpt_dir: Path, tag: str | None, output: Path, overwrite: bool = Fals
             for f in tok.iterdir():
                 if f.is_file() and not (tmp / f.name).exists():
                     shutil.copy2(f, tmp / f.name)
-        (tmp / "pretrain_info.json").write_text(json.dumps(
-            {"tag": tag, **{k: info.get(k) for k in ("step", "consumed_samples", "config_hash")}}, indent=2))
+        (tmp / "pretrain_info.json").write_text(
+            json.dumps({"tag": tag, **{k: info.get(k) for k in ("step", "consumed_samples", "config_hash")}}, indent=2)
+        )
     return output

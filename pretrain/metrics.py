@@ -21,8 +21,16 @@ def _jsonable(v: Any) -> Any:
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, progress: bool, total_steps: int,
-                 start_step: int, tb_interval: int = 1) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        enabled: bool,
+        tensorboard: bool,
+        progress: bool,
+        total_steps: int,
+        start_step: int,
+        tb_interval: int = 1,
+    ) -> None:
         self.enabled = enabled
         self.tb_interval = tb_interval
         self.attempt = 0
@@ -75,8 +83,12 @@ class MetricsLogger:
                 tb.add_scalar(f"sop_accuracy/exit_{layer:02d}", record["sop_accuracy"][i], step)
         if self._bar is not None:
             self._bar.update(1)
-            self._bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
-                                  tok_s=f"{record.get('tokens_per_s') or 0:.0f}", refresh=False)
+            self._bar.set_postfix(
+                loss=f"{record['loss']:.3f}",
+                lr=f"{record['lr']:.2e}",
+                tok_s=f"{record.get('tokens_per_s') or 0:.0f}",
+                refresh=False,
+            )
 
     def eval(self, record: dict[str, Any]) -> None:
         if not self.enabled:

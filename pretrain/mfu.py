@@ -40,11 +40,20 @@ def peak_flops(configured_tflops: float | None, device: str, precision: str) -> 
     return measure_peak_flops(torch.bfloat16 if precision == "bf16" else torch.float32)
 
 
-def model_flops_utilization(model_config: ElasticBertConfig, active_exits: Sequence[int], tokens: float, masked: float,
-                            samples: int, seconds: float, peak_per_device: float, world_size: int) -> float:
+def model_flops_utilization(
+    model_config: ElasticBertConfig,
+    active_exits: Sequence[int],
+    tokens: float,
+    masked: float,
+    samples: int,
+    seconds: float,
+    peak_per_device: float,
+    world_size: int,
+) -> float:
     """MFU of one optimizer step that trained `active_exits` on `tokens` real tokens (`masked` of them MLM
     targets) in `samples` sequences, taking `seconds` on `world_size` devices."""
     seq = tokens / samples
-    per_token = training_flops_per_token(model_config, active_exits, max(int(round(seq)), 1),
-                                         masked / tokens if tokens else 0.15)
+    per_token = training_flops_per_token(
+        model_config, active_exits, max(int(round(seq)), 1), masked / tokens if tokens else 0.15
+    )
     return per_token * tokens / seconds / (peak_per_device * world_size)

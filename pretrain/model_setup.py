@@ -14,16 +14,18 @@ from .config import ConfigError, ModelConfig, RunConfig, resolve_path
 
 
 def _from_scratch(m: ModelConfig, vocab_size: int) -> ElasticBertForPreTraining:
-    return ElasticBertForPreTraining(ElasticBertConfig(
-        vocab_size=m.vocab_size or vocab_size,
-        hidden_size=m.hidden_size,
-        num_hidden_layers=m.num_hidden_layers,
-        num_attention_heads=m.num_attention_heads,
-        intermediate_size=m.intermediate_size,
-        max_position_embeddings=m.max_position_embeddings,
-        hidden_dropout_prob=m.hidden_dropout_prob,
-        attention_probs_dropout_prob=m.attention_probs_dropout_prob,
-    ))
+    return ElasticBertForPreTraining(
+        ElasticBertConfig(
+            vocab_size=m.vocab_size or vocab_size,
+            hidden_size=m.hidden_size,
+            num_hidden_layers=m.num_hidden_layers,
+            num_attention_heads=m.num_attention_heads,
+            intermediate_size=m.intermediate_size,
+            max_position_embeddings=m.max_position_embeddings,
+            hidden_dropout_prob=m.hidden_dropout_prob,
+            attention_probs_dropout_prob=m.attention_probs_dropout_prob,
+        )
+    )
 
 
 def check_same_vocab(init_dir: Path, tokenizer_dir: Path | None) -> None:
@@ -31,8 +33,10 @@ def check_same_vocab(init_dir: Path, tokenizer_dir: Path | None) -> None:
     a = init_dir / "vocab.txt"
     b = tokenizer_dir / "vocab.txt" if tokenizer_dir else None
     if a.is_file() and b is not None and b.is_file() and a.read_bytes() != b.read_bytes():
-        raise ConfigError(f"model.init_from={init_dir} was trained with another vocabulary than the data "
-                          f"({b}); prepare the data with --vocab {a}")
+        raise ConfigError(
+            f"model.init_from={init_dir} was trained with another vocabulary than the data "
+            f"({b}); prepare the data with --vocab {a}"
+        )
 
 
 def _check_fits_data(cfg: RunConfig, model: torch.nn.Module, vocab_size: int) -> None:
@@ -40,11 +44,15 @@ def _check_fits_data(cfg: RunConfig, model: torch.nn.Module, vocab_size: int) ->
     if mc.vocab_size < vocab_size:
         raise ConfigError(f"model vocabulary ({mc.vocab_size}) is smaller than the data's ({vocab_size})")
     if cfg.data.max_seq_len > mc.max_position_embeddings:
-        raise ConfigError(f"data.max_seq_len={cfg.data.max_seq_len} exceeds the model's max_position_embeddings="
-                          f"{mc.max_position_embeddings}")
+        raise ConfigError(
+            f"data.max_seq_len={cfg.data.max_seq_len} exceeds the model's max_position_embeddings="
+            f"{mc.max_position_embeddings}"
+        )
     if m.init_from is not None and mc.num_hidden_layers != m.num_hidden_layers:
-        raise ConfigError(f"model.num_hidden_layers={m.num_hidden_layers} but {m.init_from} has "
-                          f"{mc.num_hidden_layers} layers; set model.num_hidden_layers={mc.num_hidden_layers}")
+        raise ConfigError(
+            f"model.num_hidden_layers={m.num_hidden_layers} but {m.init_from} has "
+            f"{mc.num_hidden_layers} layers; set model.num_hidden_layers={mc.num_hidden_layers}"
+        )
 
 
 def build_model(cfg: RunConfig, vocab_size: int, tokenizer_dir: Path | None) -> tuple[torch.nn.Module, str]:
@@ -57,8 +65,10 @@ def build_model(cfg: RunConfig, vocab_size: int, tokenizer_dir: Path | None) -> 
         src = minilm_dir() if m.init_from == "minilm" else resolve_path(m.init_from)
         check_same_vocab(Path(src), tokenizer_dir)
         model, report = load_pretrained(
-            ElasticBertForPreTraining, src,
-            hidden_dropout_prob=m.hidden_dropout_prob, attention_probs_dropout_prob=m.attention_probs_dropout_prob,
+            ElasticBertForPreTraining,
+            src,
+            hidden_dropout_prob=m.hidden_dropout_prob,
+            attention_probs_dropout_prob=m.attention_probs_dropout_prob,
         )
         origin = str(report)
     _check_fits_data(cfg, model, vocab_size)

@@ -58,8 +58,9 @@ class StepStats(_Reducible):
 
     @classmethod
     def zeros(cls, num_exits: int, device: torch.device | str) -> StepStats:
-        return cls(**{f.name: _zeros((num_exits,) if f.name in PER_EXIT else (), device)
-                      for f in dataclasses.fields(cls)})
+        return cls(
+            **{f.name: _zeros((num_exits,) if f.name in PER_EXIT else (), device) for f in dataclasses.fields(cls)}
+        )
 
     def add_micro_batch(self, out: Any, batch: dict[str, torch.Tensor]) -> None:
         """Accumulate one micro-batch's model output (`ElasticBertForPreTraining`) and token counts."""
@@ -98,8 +99,12 @@ class EvalSums(_Reducible):
 
     @classmethod
     def zeros(cls, num_exits: int, device: torch.device | str) -> EvalSums:
-        return cls(**{f.name: _zeros(() if f.name in ("masked", "samples") else (num_exits,), device)
-                      for f in dataclasses.fields(cls)})
+        return cls(
+            **{
+                f.name: _zeros(() if f.name in ("masked", "samples") else (num_exits,), device)
+                for f in dataclasses.fields(cls)
+            }
+        )
 
     def add_batch(self, out: Any, batch: dict[str, torch.Tensor]) -> None:
         """MLM figures weighted by masked tokens, SOP figures by samples (so the means are over tokens / samples)."""

@@ -100,8 +100,9 @@ class Trainer:
         self.point = find_resume_point(self.ckpt_dir)
         self.config_diffs: list[str] = []
         if self.point is not None:
-            self.config_diffs = check_compatible(self.point, self.config_hash, cfg.to_dict(),
-                                                 force_resume or cfg.checkpoint.force_resume)
+            self.config_diffs = check_compatible(
+                self.point, self.config_hash, cfg.to_dict(), force_resume or cfg.checkpoint.force_resume
+            )
         if self.rank == 0:
             write_resolved_configs(self.run_dir, cfg, self.ds_cfg)
 
@@ -110,8 +111,9 @@ class Trainer:
         """Process group, model, engine (resumed from the checkpoint if any), data loader, loggers."""
         import deepspeed  # heavy: only once the cheap checks passed
 
-        deepspeed.init_distributed(dist_backend="nccl" if self.device == "cuda" else "gloo",
-                                   timeout=timedelta(minutes=60), verbose=False)
+        deepspeed.init_distributed(
+            dist_backend="nccl" if self.device == "cuda" else "gloo", timeout=timedelta(minutes=60), verbose=False
+        )
         if self.device == "cuda":
             torch.cuda.set_device(self.env.local_rank)
         self.dist = torch.distributed
@@ -123,15 +125,21 @@ class Trainer:
         )
         self.step, self.consumed = self._load_checkpoint()
         self.last_saved = self.step if self.point is not None else -1
-        self.order = SampleOrder([len(d) for d in self.data.train], [c.weight for c in self.cfg.data.corpora],
-                                 self.cfg.train.seed, self.cfg.data.blend_block)
+        self.order = SampleOrder(
+            [len(d) for d in self.data.train],
+            [c.weight for c in self.cfg.data.corpora],
+            self.cfg.train.seed,
+            self.cfg.data.blend_block,
+        )
         self.loader = self._train_loader()
         lg = self.cfg.logging
-        self.metrics = MetricsLogger(self.run_dir, self.rank == 0, lg.tensorboard, lg.progress, self.end_step,
-                                     self.step, lg.tb_interval)
+        self.metrics = MetricsLogger(
+            self.run_dir, self.rank == 0, lg.tensorboard, lg.progress, self.end_step, self.step, lg.tb_interval
+        )
         self.peak = peak_flops(lg.peak_tflops, self.device, self.precision)
-        self.samples_log = (open(self.run_dir / f"samples_rank{self.rank}.jsonl", "a", encoding="utf-8")
-                            if lg.log_samples else None)
+        self.samples_log = (
+            open(self.run_dir / f"samples_rank{self.rank}.jsonl", "a", encoding="utf-8") if lg.log_samples else None
+        )
 
     def _checkpoint_to_load(self) -> str | None:
         """The tag to resume from: the latest one, or its universal conversion when the world size / ZeRO stage
@@ -149,8 +157,9 @@ class Trainer:
         """DeepSpeed's model/optimizer state into the engine; returns (step, consumed_samples)."""
         if self.point is None:
             return 0, 0
-        path, client = self.engine.load_checkpoint(str(self.ckpt_dir), tag=self.load_tag,
-                                                   load_lr_scheduler_states=False)
+        path, client = self.engine.load_checkpoint(
+            str(self.ckpt_dir), tag=self.load_tag, load_lr_scheduler_states=False
+        )
         if path is None:
             raise ResumeError(f"DeepSpeed could not load checkpoint {self.ckpt_dir / self.load_tag}")
         step = self.point.step
@@ -162,14 +171,18 @@ class Trainer:
 
     def _train_loader(self) -> torch.utils.data.DataLoader:
         """This rank's micro-batches from `consumed_samples` on, built in worker processes when configured."""
-        batches = RankBatches(self.order, self.consumed, self.layout.global_batch, self.layout.micro_batch,
-                              self.rank, self.world)
+        batches = RankBatches(
+            self.order, self.consumed, self.layout.global_batch, self.layout.micro_batch, self.rank, self.world
+        )
         nw = self.cfg.data.num_workers
         return torch.utils.data.DataLoader(
-            BlendedDataset(self.data.train), batch_sampler=batches,
-            collate_fn=Collator(int(self.data.special_ids.get("pad", 0))), num_workers=nw,
+            BlendedDataset(self.data.train),
+            batch_sampler=batches,
+            collate_fn=Collator(int(self.data.special_ids.get("pad", 0))),
+            num_workers=nw,
             worker_init_fn=ignore_preemption_signals if nw else None,
-            prefetch_factor=4 if nw else None, persistent_workers=False,
+            prefetch_factor=4 if nw else None,
+            persistent_workers=False,
         )
 
     def _announce(self) -> None:
@@ -187,18 +200,29 @@ class Trainer:
             f"index {'; '.join(self.data.index_paths)}",
         ]
         if self.point is not None:
-            lines.append(f"  resuming from {self.point.tag} (step {self.step}, consumed_samples {self.consumed})"
-                         + (f" via {self.load_tag}" if self.load_tag != self.point.tag else ""))
+            lines.append(
+                f"  resuming from {self.point.tag} (step {self.step}, consumed_samples {self.consumed})"
+                + (f" via {self.load_tag}" if self.load_tag != self.point.tag else "")
+            )
             for d in self.config_diffs:
                 lines.append(f"  forced resume despite config change: {d}")
         for line in lines:
             self.metrics.write(line)
         self.metrics.event(
-            "start", step=self.step, consumed_samples=self.consumed, world_size=self.world,
-            launcher=self.env.launcher, zero_stage=self.zero_stage, precision=self.precision,
-            micro_batch=self.layout.micro_batch, grad_accum=self.layout.grad_accum,
-            global_batch=self.layout.global_batch, resumed_from=self.point.tag if self.point else None,
-            load_tag=self.load_tag, config_hash=self.config_hash, forced_diffs=self.config_diffs,
+            "start",
+            step=self.step,
+            consumed_samples=self.consumed,
+            world_size=self.world,
+            launcher=self.env.launcher,
+            zero_stage=self.zero_stage,
+            precision=self.precision,
+            micro_batch=self.layout.micro_batch,
+            grad_accum=self.layout.grad_accum,
+            global_batch=self.layout.global_batch,
+            resumed_from=self.point.tag if self.point else None,
+            load_tag=self.load_tag,
+            config_hash=self.config_hash,
+            forced_diffs=self.config_diffs,
         )
 
     # ------------------------------------------------------------------------------------------- the loop
@@ -269,8 +293,9 @@ class Trainer:
         if self.samples_log is not None:
             self.samples_log.write(json.dumps({"step": self.step, "micro": micro, "keys": keys.tolist()}) + "\n")
 
-    def _log_step(self, stats: StepStats, active: tuple[int, ...], lr: float, grad_norm: float | None,
-                  elapsed: float) -> None:
+    def _log_step(
+        self, stats: StepStats, active: tuple[int, ...], lr: float, grad_norm: float | None, elapsed: float
+    ) -> None:
         """One metrics.jsonl record from the reduced sums (means over accumulation × world micro-batches)."""
         n = self.layout.grad_accum * self.world
         tokens, masked, padded = float(stats.tokens), float(stats.masked), float(stats.padded)
@@ -293,8 +318,9 @@ class Trainer:
         if self.rank == 0:
             record["samples_digest"] = batch_digest(self.order, self.step - 1, self.layout.global_batch)
         if self.peak:
-            record["mfu"] = model_flops_utilization(self.model_config, active, tokens, masked,
-                                                    self.layout.global_batch, elapsed, self.peak, self.world)
+            record["mfu"] = model_flops_utilization(
+                self.model_config, active, tokens, masked, self.layout.global_batch, elapsed, self.peak, self.world
+            )
         if not math.isfinite(record["loss"]):
             self.metrics.write(f"warning: non-finite loss at step {self.step}")
         self.metrics.step(record)
@@ -330,8 +356,7 @@ class Trainer:
         if self.rank == 0:
             atomic_write_text(self.ckpt_dir / LATEST, tag)
             removed = prune(self.ckpt_dir, self.cfg.checkpoint.keep_last)
-            self.metrics.event("checkpoint", step=self.step, tag=tag, seconds=time.perf_counter() - t0,
-                               removed=removed)
+            self.metrics.event("checkpoint", step=self.step, tag=tag, seconds=time.perf_counter() - t0, removed=removed)
         self.dist.barrier()
         self.last_saved = self.step
 
@@ -377,9 +402,11 @@ class Trainer:
         sums = self._eval_sums(mine, micro, exits).all_reduce(self.dist)
         record = {"step": self.step, "exits": list(exits), **sums.means()}
         self.metrics.eval(record)
-        self.metrics.write(f"valid @ step {self.step}: MLM loss by exit "
-                           + " ".join(f"{x:.3f}" for x in record["mlm_loss"])
-                           + f"; SOP acc (top) {record['sop_accuracy'][-1]:.3f}")
+        self.metrics.write(
+            f"valid @ step {self.step}: MLM loss by exit "
+            + " ".join(f"{x:.3f}" for x in record["mlm_loss"])
+            + f"; SOP acc (top) {record['sop_accuracy'][-1]:.3f}"
+        )
         return record
 
     def _eval_keys(self, micro: int) -> list[tuple[int, int]]:
@@ -387,7 +414,7 @@ class Trainer:
         keys = [(k, i) for k, d in enumerate(self.data.valid) for i in range(len(d))]
         n = min(len(keys), self.cfg.eval.max_samples) // (micro * self.world) * (micro * self.world)
         per_rank = n // self.world
-        return keys[self.rank * per_rank:(self.rank + 1) * per_rank]
+        return keys[self.rank * per_rank : (self.rank + 1) * per_rank]
 
     def _eval_sums(self, keys: list[tuple[int, int]], micro: int, exits: tuple[int, ...]) -> EvalSums:
         sums = EvalSums.zeros(len(exits), self.engine.device)
@@ -396,7 +423,7 @@ class Trainer:
         self.engine.eval()
         with torch.no_grad():
             for start in range(0, len(keys), micro):
-                items = [self.data.valid[k][i] for k, i in keys[start:start + micro]]
+                items = [self.data.valid[k][i] for k, i in keys[start : start + micro]]
                 batch = {name: t.to(self.engine.device) for name, t in collate(items, pad).items()}
                 out = self.engine(**batch, active_exits=exits, gradient_equilibrium=False)
                 sums.add_batch(out, batch)

@@ -47,18 +47,29 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     p.add_argument("--split", default="dev")
     config_argument(p, SweepConfig, "batch_size", help="batch size")
     p.add_argument("--max-length", type=int, default=128)
-    add_max_examples(p, help="a seeded random subset of the split (the rows `finetune train --max-dev-examples` "
-                             "scores with its default --dev-subset-seed)")
+    add_max_examples(
+        p,
+        help="a seeded random subset of the split (the rows `finetune train --max-dev-examples` "
+        "scores with its default --dev-subset-seed)",
+    )
     config_argument(p, SweepConfig, "patience", help="PCEE: consecutive confident exits needed")
     config_argument(p, SweepConfig, "delta", help="PABEE regression: |Δ| below this counts as unchanged")
     config_argument(p, SweepConfig, "repeats", help="timing repeats (the minimum wall time is kept)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     add_output(p, "output directory (default runs/early_exit/<task>)", required=False)
-    p.add_argument("--merge", action=argparse.BooleanOptionalAction, default=True,
-                   help="keep the other strategies of an earlier run in the same JSON (default: %(default)s)")
+    p.add_argument(
+        "--merge",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep the other strategies of an earlier run in the same JSON (default: %(default)s)",
+    )
     p.add_argument("--lte-head", default=None, help="LTE head file (.safetensors); trained and saved here if absent")
-    p.add_argument("--train-lte", action=argparse.BooleanOptionalAction, default=False,
-                   help="(re)train the LTE head even if --lte-head exists")
+    p.add_argument(
+        "--train-lte",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="(re)train the LTE head even if --lte-head exists",
+    )
     p.add_argument("--lte-split", default="train", help="split the LTE head is fitted on")
     add_max_examples(p, "lte", default=4000, help="rows of --lte-split used to fit the LTE head (default: 4000)")
     p.add_argument("--lte-epochs", type=int, default=30)
@@ -91,8 +102,9 @@ def lte_head_for(
     return head, path
 
 
-def sweep_config(args: argparse.Namespace, strategies: list[str], head: LearnedExitHead | None,
-                 output: Path) -> SweepConfig:
+def sweep_config(
+    args: argparse.Namespace, strategies: list[str], head: LearnedExitHead | None, output: Path
+) -> SweepConfig:
     """The sweep the options ask for; `--sweep` thresholds need exactly one strategy."""
     thresholds = parse_thresholds(args.sweep)
     if thresholds is not None and len(strategies) != 1:
@@ -124,8 +136,9 @@ def main(args: argparse.Namespace) -> int:
     task = get_task(args.task)
     model = load_finetuned(args.model)
     if model.config.num_labels != task.num_labels:
-        raise ConfigError(f"{args.model} has {model.config.num_labels} labels; task {task.name} needs "
-                          f"{task.num_labels}")
+        raise ConfigError(
+            f"{args.model} has {model.config.num_labels} labels; task {task.name} needs {task.num_labels}"
+        )
     strategies = resolve_strategies(args.strategy, task.num_labels)
     output = Path(args.output or Path("runs") / "early_exit" / task.name.replace("/", "_"))
     sweep_config(args, strategies, None, output)  # option errors surface before any data is read

@@ -126,8 +126,15 @@ def _head_at_base_rate(in_features: int, targets: torch.Tensor) -> LearnedExitHe
     return head
 
 
-def _fit(head: LearnedExitHead, features: torch.Tensor, targets: torch.Tensor, epochs: int, lr: float,
-         batch_size: int, seed: int) -> None:
+def _fit(
+    head: LearnedExitHead,
+    features: torch.Tensor,
+    targets: torch.Tensor,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+) -> None:
     """Adam on the MSE between the head's output and the observed errors, seeded shuffles per epoch."""
     generator = torch.Generator().manual_seed(seed)
     optimiser = torch.optim.Adam(head.parameters(), lr=lr)

@@ -78,7 +78,7 @@ def test_no_import_cycle_inside_a_package(package):
         stack.append(node)
         for nxt in sorted(edges[node]):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         stack.pop()

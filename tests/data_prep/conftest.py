@@ -90,12 +90,23 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 120) -> subpro
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "data_prep", *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout, cwd=str(REPO))
+    return subprocess.run(
+        [sys.executable, "-m", "data_prep", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        cwd=str(REPO),
+    )
 
 
 @pytest.fixture(scope="session")
 def dp() -> SimpleNamespace:
     """Test helpers: dp.REPO, dp.shard_hashes(out), dp.manifest_bytes(out), dp.load_manifest(out), dp.run_cli(...)."""
-    return SimpleNamespace(REPO=REPO, shard_hashes=shard_hashes, manifest_bytes=manifest_bytes,
-                           load_manifest=load_manifest, run_cli=run_cli)
+    return SimpleNamespace(
+        REPO=REPO,
+        shard_hashes=shard_hashes,
+        manifest_bytes=manifest_bytes,
+        load_manifest=load_manifest,
+        run_cli=run_cli,
+    )

@@ -16,8 +16,20 @@ def test_all_commands(tmp_path, dp, vocab, wikitext, gutenberg):
     assert "wordpiece tokenizer, vocab 30522" in r.stdout
 
     # array task 1 of 2 (as Slurm would start it), then task 0, then finalize
-    common = ["tokenize", str(wikitext), book, "--output", str(out), "--unit-size", "256K", "--shard-tokens", "200K",
-              "--workers", "2", "--no-progress"]
+    common = [
+        "tokenize",
+        str(wikitext),
+        book,
+        "--output",
+        str(out),
+        "--unit-size",
+        "256K",
+        "--shard-tokens",
+        "200K",
+        "--workers",
+        "2",
+        "--no-progress",
+    ]
     r = dp.run_cli(*common, env={"SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_ID": "1"})
     assert r.returncode == 0, r.stderr
     assert "task 1/2" in r.stdout and "finalize" in r.stdout
@@ -50,8 +62,18 @@ def test_all_commands(tmp_path, dp, vocab, wikitext, gutenberg):
 
 def test_train_tokenizer_cli_and_tokenize_with_it(tmp_path, dp, gutenberg):
     out = tmp_path / "out"
-    r = dp.run_cli("train-tokenizer", str(gutenberg / "11-0.txt"), "--output", str(out), "--kind", "unigram",
-                   "--vocab-size", "1500", "--threads", "1")
+    r = dp.run_cli(
+        "train-tokenizer",
+        str(gutenberg / "11-0.txt"),
+        "--output",
+        str(out),
+        "--kind",
+        "unigram",
+        "--vocab-size",
+        "1500",
+        "--threads",
+        "1",
+    )
     assert r.returncode == 0, r.stderr
     meta = json.loads((out / "tokenizer" / "data_prep_tokenizer.json").read_text())
     assert meta["kind"] == "unigram" and meta["special_ids"]["pad"] == 0
@@ -71,8 +93,10 @@ def test_train_tokenizer_cli_and_tokenize_with_it(tmp_path, dp, gutenberg):
     [
         (["tokenize", "/nonexistent/file.txt", "--output", "{tmp}/o", "--tokenizer", "{vocab}"], "input not found"),
         (["tokenize", "{book}", "--output", "{tmp}/o"], "no tokenizer"),
-        (["tokenize", "{book}", "--output", "{tmp}/o", "--tokenizer", "{vocab}", "--valid-fraction", "1.5"],
-         "--valid-fraction must be in [0, 1)"),
+        (
+            ["tokenize", "{book}", "--output", "{tmp}/o", "--tokenizer", "{vocab}", "--valid-fraction", "1.5"],
+            "--valid-fraction must be in [0, 1)",
+        ),
         (["finalize", "{tmp}/o"], "nothing to finalize"),
     ],
 )
@@ -113,10 +137,30 @@ def test_parser_follows_the_cli_convention():
     assert args.strip_gutenberg and not args.allow_empty
     for f in dataclasses.fields(PrepConfig):
         assert getattr(args, f.name) == f.default, f.name
-    args = parser.parse_args(["tokenize", "a.txt", "--output", "o", "--no-progress", "--no-rehash", "--no-finalize",
-                              "--no-strip-gutenberg", "--allow-empty", "--doc-boundary", "file", "--unit-size", "64K"])
+    args = parser.parse_args(
+        [
+            "tokenize",
+            "a.txt",
+            "--output",
+            "o",
+            "--no-progress",
+            "--no-rehash",
+            "--no-finalize",
+            "--no-strip-gutenberg",
+            "--allow-empty",
+            "--doc-boundary",
+            "file",
+            "--unit-size",
+            "64K",
+        ]
+    )
     assert (args.progress, args.rehash, args.finalize, args.strip_gutenberg, args.allow_empty) == (
-        False, False, False, False, True)
+        False,
+        False,
+        False,
+        False,
+        True,
+    )
     assert (args.doc_boundary, args.unit_bytes) == ("file", 64 << 10)
     assert parser.parse_args(["tokenize", "a.txt", "--output", "o", "--finalize"]).finalize is True
 
@@ -132,8 +176,10 @@ def test_parser_follows_the_cli_convention():
     assert tuple(next(a for a in tt._actions if a.dest == "kind").choices) == KINDS
 
     assert parser.parse_args(["stats", "d"]).output is None
-    assert (parser.parse_args(["stats", "d", "--output", "p"]).directory,
-            parser.parse_args(["stats", "d", "--output", "p"]).output) == ("d", "p")
+    assert (
+        parser.parse_args(["stats", "d", "--output", "p"]).directory,
+        parser.parse_args(["stats", "d", "--output", "p"]).output,
+    ) == ("d", "p")
     assert parser.parse_args(["finalize", "d"]).directory == "d"
 
 

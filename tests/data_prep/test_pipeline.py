@@ -32,8 +32,12 @@ def test_end_to_end_on_real_books(dp, small_prepared, small_books):
     docs = []
     for path in small_books:
         src = S.describe(S.discover([path])[0], "auto", True, "train", "text")
-        docs += [t for _, t in S.DocumentReader(src, "replace", "text", 8 << 20, S.ReadStats()).documents(
-            src["start"], src["end"])]
+        docs += [
+            t
+            for _, t in S.DocumentReader(src, "replace", "text", 8 << 20, S.ReadStats()).documents(
+                src["start"], src["end"]
+            )
+        ]
     ids, lens, counts = enc.encode_docs(docs)
     assert m["totals"]["tokens"] == len(ids)
     assert m["totals"]["sentences"] == len(lens)
@@ -47,7 +51,8 @@ def test_reader(dp, small_prepared):
     c = PreparedCorpus(small_prepared, "train")
     m = c.manifest
     assert (c.num_docs, c.num_sentences, c.num_tokens) == tuple(
-        m["splits"]["train"][k] for k in ("docs", "sentences", "tokens"))
+        m["splits"]["train"][k] for k in ("docs", "sentences", "tokens")
+    )
     assert c.special_ids == {"pad": 0, "unk": 100, "cls": 101, "sep": 102, "mask": 103, "vocab_size": 30522}
     assert c.manifest_hash == __import__("hashlib").sha256(dp.manifest_bytes(small_prepared)).hexdigest()
     assert (c.tokenizer_dir / "vocab.txt").is_file()
@@ -132,8 +137,7 @@ def test_unfinished_run_with_other_settings_is_refused(tmp_path, small_books, vo
     out = tmp_path / "o"
     tokenize_corpus(small_books, out, tokenizer=vocab, num_tasks=2, task_index=0, **SMALL)
     with pytest.raises(DataPrepError, match=r"plan\.json: an unfinished run .*shard_tokens"):
-        tokenize_corpus(small_books, out, tokenizer=vocab, num_tasks=2, task_index=1,
-                        **{**SMALL, "shard_tokens": 1000})
+        tokenize_corpus(small_books, out, tokenizer=vocab, num_tasks=2, task_index=1, **{**SMALL, "shard_tokens": 1000})
 
 
 def test_fixing_a_bad_input_redoes_only_its_units(tmp_path, small_books, vocab):
@@ -173,9 +177,26 @@ def test_sigkill_and_resume_equals_a_clean_run(dp, tmp_path, medium_books, vocab
     assert n_units >= 30
 
     out = tmp_path / "killed"
-    args = [sys.executable, "-m", "data_prep", "tokenize", *medium_books, "--output", str(out), "--tokenizer",
-            str(vocab), "--unit-size", "32K", "--shard-tokens", "60000", "--valid-fraction", "0.02",
-            "--workers", "2", "--no-progress"]
+    args = [
+        sys.executable,
+        "-m",
+        "data_prep",
+        "tokenize",
+        *medium_books,
+        "--output",
+        str(out),
+        "--tokenizer",
+        str(vocab),
+        "--unit-size",
+        "32K",
+        "--shard-tokens",
+        "60000",
+        "--valid-fraction",
+        "0.02",
+        "--workers",
+        "2",
+        "--no-progress",
+    ]
     env = {**os.environ, "PYTHONPATH": str(dp.REPO)}
     proc = subprocess.Popen(args, env=env, cwd=str(dp.REPO), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     units_dir = out / ".work" / "units"
@@ -267,13 +288,15 @@ def test_file_mode_documents_are_whole_books(dp, tmp_path, small_books, vocab, m
     np.testing.assert_array_equal(a.doc_tokens(0), b.sentence(0))
     assert b.doc_sentence_range(2)[1] == b.num_sentences
     monkeypatch.setattr(W, "BATCH_CHARS", 3000)  # many batches: every book spans dozens of them
-    small = tokenize_corpus(small_books, tmp_path / "file_small_batches", tokenizer=vocab, doc_boundary="file",
-                            **settings)
+    small = tokenize_corpus(
+        small_books, tmp_path / "file_small_batches", tokenizer=vocab, doc_boundary="file", **settings
+    )
     assert small == whole
     assert dp.shard_hashes(tmp_path / "file_small_batches") == dp.shard_hashes(tmp_path / "file")
     # long files become several documents of at most max_doc_bytes, cut at paragraph breaks
-    cut = tokenize_corpus(small_books, tmp_path / "cut", tokenizer=vocab, doc_boundary="file",
-                          max_doc_bytes=20_000, **settings)
+    cut = tokenize_corpus(
+        small_books, tmp_path / "cut", tokenizer=vocab, doc_boundary="file", max_doc_bytes=20_000, **settings
+    )
     assert cut["totals"]["sentences"] == para["totals"]["sentences"] and 10 <= cut["totals"]["docs"] <= 14
 
 

@@ -85,8 +85,13 @@ def test_block_size_does_not_change_documents(gutenberg, monkeypatch):
 def test_small_files_are_packed_into_one_unit(small_books):
     srcs = [S.describe(s, "auto", True, "train", "text") for s in S.discover(small_books)]
     units = S.plan_units(srcs, 1 << 20, 8 << 20)
-    assert units == [[[0, srcs[0]["start"], srcs[0]["end"]], [1, srcs[1]["start"], srcs[1]["end"]],
-                      [2, srcs[2]["start"], srcs[2]["end"]]]]
+    assert units == [
+        [
+            [0, srcs[0]["start"], srcs[0]["end"]],
+            [1, srcs[1]["start"], srcs[1]["end"]],
+            [2, srcs[2]["start"], srcs[2]["end"]],
+        ]
+    ]
 
 
 def test_compressed_inputs_give_the_same_documents(tmp_path, gutenberg):
@@ -150,7 +155,7 @@ def test_streaming_memory_is_bounded(tmp_path):
             f.write(para)
     src = _describe(path)
     units = S.plan_units([src], 1 << 40, 8 << 20)
-    (_, a, b), = units[0]
+    ((_, a, b),) = units[0]
     reader = S.DocumentReader(src, "replace", "text", 8 << 20, S.ReadStats())
     tracemalloc.start()
     n = 0

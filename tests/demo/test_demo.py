@@ -14,8 +14,13 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_demo_tiny_end_to_end(tmp_path):
     out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "demo", "--scale", "tiny", "--output", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, "-m", "demo", "--scale", "tiny", "--output", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = out / "report"
     for name in ("summary.md", "summary.json", "pretrain_losses.png", "layer_scores.png"):

@@ -21,8 +21,14 @@ pytestmark = pytest.mark.skipif(not GLUE.is_dir(), reason=f"GLUE data not found 
 
 def run_script(name, *args):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(REPO / "experiments" / name), "--scale", "smoke", *map(str, args)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "experiments" / name), "--scale", "smoke", *map(str, args)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -55,7 +61,10 @@ def test_acl_ladder_smoke(ladder):
             for phase in entry.values():
                 assert all(f is not None and 0.0 <= f <= 1.0 for f in phase["fraction_over_90"])
         assert results["summary"]["verdicts"][task]["verdict"].split(":")[0] in (
-            "reproduced", "not reproduced", "inconclusive")
+            "reproduced",
+            "not reproduced",
+            "inconclusive",
+        )
     for png in ("per_exit_curves.png", "conflict_angles.png"):
         assert (out / png).stat().st_size > 1000
     assert "| +ACL-CL |" in (out / "section.md").read_text()
@@ -69,8 +78,15 @@ def test_acl_ladder_smoke(ladder):
 
 
 def test_early_exit_pareto_smoke(ladder, tmp_path):
-    run_script("early_exit_pareto.py", "--ladder-results", ladder / "out" / "results.json",
-               "--work-dir", tmp_path / "work", "--output", tmp_path / "out")
+    run_script(
+        "early_exit_pareto.py",
+        "--ladder-results",
+        ladder / "out" / "results.json",
+        "--work-dir",
+        tmp_path / "work",
+        "--output",
+        tmp_path / "out",
+    )
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     for task, curve in results["curves"].items():
         assert len(curve["static"]) == 6

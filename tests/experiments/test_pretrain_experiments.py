@@ -30,8 +30,25 @@ def work(tmp_path_factory):
 
 def run_script(module: str, work: Path, out: Path) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "-m", module, "--scale", "smoke", "--work-dir", str(work / "work"),
-                    "--output", str(out), "--seeds", "1"], cwd=REPO, env=env, check=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            module,
+            "--scale",
+            "smoke",
+            "--work-dir",
+            str(work / "work"),
+            "--output",
+            str(out),
+            "--seeds",
+            "1",
+        ],
+        cwd=REPO,
+        env=env,
+        check=True,
+        timeout=600,
+    )
     return json.loads((out / "results.json").read_text())
 
 

@@ -19,12 +19,23 @@ from finetune.tasks import (
 
 # Data rows per file, from ../shared/data/SOURCES.md.
 ROWS = {
-    ("SST-2", "train"): 67349, ("SST-2", "dev"): 872, ("SST-2", "test"): 1821,
-    ("MRPC", "train"): 3668, ("MRPC", "dev"): 408, ("MRPC", "test"): 1725,
-    ("RTE", "train"): 2490, ("RTE", "dev"): 277, ("RTE", "test"): 3000,
-    ("STS-B", "train"): 5749, ("STS-B", "dev"): 1500, ("STS-B", "test"): 1379,
-    ("CoLA", "train"): 8551, ("CoLA", "dev"): 1043, ("CoLA", "test"): 1063,
-    ("QNLI", "dev"): 5463, ("QNLI", "test"): 5463,
+    ("SST-2", "train"): 67349,
+    ("SST-2", "dev"): 872,
+    ("SST-2", "test"): 1821,
+    ("MRPC", "train"): 3668,
+    ("MRPC", "dev"): 408,
+    ("MRPC", "test"): 1725,
+    ("RTE", "train"): 2490,
+    ("RTE", "dev"): 277,
+    ("RTE", "test"): 3000,
+    ("STS-B", "train"): 5749,
+    ("STS-B", "dev"): 1500,
+    ("STS-B", "test"): 1379,
+    ("CoLA", "train"): 8551,
+    ("CoLA", "dev"): 1043,
+    ("CoLA", "test"): 1063,
+    ("QNLI", "dev"): 5463,
+    ("QNLI", "test"): 5463,
 }
 
 

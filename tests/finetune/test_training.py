@@ -17,8 +17,16 @@ from finetune.trainer import Trainer, run_training
 
 # Tiny and fast: 2 layers of MiniLM, short sequences, a few steps per phase, a small dev subset.
 TINY = dict(
-    exits=[1, 2], max_length=48, batch_size=8, eval_batch_size=64, max_train_examples=64, max_dev_examples=32,
-    max_steps=2, lr=1e-4, exit_lr=1e-3, progress=False,
+    exits=[1, 2],
+    max_length=48,
+    batch_size=8,
+    eval_batch_size=64,
+    max_train_examples=64,
+    max_dev_examples=32,
+    max_steps=2,
+    lr=1e-4,
+    exit_lr=1e-3,
+    progress=False,
 )
 
 
@@ -43,8 +51,22 @@ def test_sst2_learns_clearly_above_majority(tmp_path, minilm, glue_dir):
     """The real check that fine-tuning works: ~1 CPU-minute on 640 SST-2 sentences (MHA exit at layer 2)."""
     out = tmp_path / "sst2"
     summary = run_training(
-        config(minilm, glue_dir, out, task="SST-2", exits=None, layers=2, exit_type="mha", max_train_examples=2000,
-               max_dev_examples=200, batch_size=16, max_length=40, max_steps=40, lr=2e-4, exit_lr=2e-3)
+        config(
+            minilm,
+            glue_dir,
+            out,
+            task="SST-2",
+            exits=None,
+            layers=2,
+            exit_type="mha",
+            max_train_examples=2000,
+            max_dev_examples=200,
+            batch_size=16,
+            max_length=40,
+            max_steps=40,
+            lr=2e-4,
+            exit_lr=2e-3,
+        )
     )
     dev_labels = [e.label for e in subsample(load_split("SST-2", glue_dir, "dev"), 200)]
     majority = 100 * max(dev_labels.count(0), dev_labels.count(1)) / len(dev_labels)
@@ -77,8 +99,11 @@ def train_recorded(cfg):
 MATRIX = [
     ("jt", "linear", dict(objective="ce", jt_weights="layer", gradient_equilibrium=True)),
     ("jt", "mha", dict(objective="ce+scl", acl_grad=True)),
-    ("2st", "linear", dict(objective="acl-cl", acl_grad=True, acl_grad_scope="representation",
-                           acl_grad_granularity="exit")),
+    (
+        "2st",
+        "linear",
+        dict(objective="acl-cl", acl_grad=True, acl_grad_scope="representation", acl_grad_granularity="exit"),
+    ),
     ("2st", "mha", dict(objective="acl", acl_grad=True)),
     ("alt", "linear", dict(objective="acl", acl_grad=True, acl_grad_scope="all")),
     ("alt", "mha", dict(objective="acl-cl", acl_grad=False)),
@@ -89,8 +114,16 @@ MATRIX = [
 def test_every_method_exit_type_and_objective(tmp_path, minilm, glue_dir, method, exit_type, extra):
     out = tmp_path / "run"
     exits = [1, 2, 3] if method == "2st" else [1, 2]
-    cfg = config(minilm, glue_dir, out, task="RTE" if method != "2st" else "MRPC", method=method,
-                 exit_type=exit_type, exits=exits, **extra)
+    cfg = config(
+        minilm,
+        glue_dir,
+        out,
+        task="RTE" if method != "2st" else "MRPC",
+        method=method,
+        exit_type=exit_type,
+        exits=exits,
+        **extra,
+    )
     model, summary, snapshots = train_recorded(cfg)
 
     # a per-exit dev curve, plot, TensorBoard events and a loadable checkpoint
@@ -149,8 +182,25 @@ def test_regression_stsb_trains_and_evaluates(tmp_path, minilm, glue_dir):
     scores = read_scores(run)["best"]["exits"]
     assert {"pearson", "spearman", "score"} <= set(scores["1"])
     out = tmp_path / "eval"
-    assert main(["evaluate", "--model", str(run / "best"), "--data-dir", str(glue_dir), "--output", str(out),
-                 "--max-length", "48", "--max-examples", "64", "--all-exits"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--model",
+                str(run / "best"),
+                "--data-dir",
+                str(glue_dir),
+                "--output",
+                str(out),
+                "--max-length",
+                "48",
+                "--max-examples",
+                "64",
+                "--all-exits",
+            ]
+        )
+        == 0
+    )
     lines = (out / "predictions" / "STS-B.tsv").read_text().splitlines()
     assert lines[0] == "index\tprediction" and len(lines) == 1379 + 1
     float(lines[1].split("\t")[1])
@@ -166,8 +216,26 @@ def test_evaluate_writes_curve_and_glue_submission(tmp_path, rte_run, glue_dir):
     lines = (glue_dir / "RTE" / "test.tsv").read_text(encoding="utf-8").splitlines()
     (data / "test.tsv").write_text("\n".join(lines[:301]) + "\n", encoding="utf-8")
     out = tmp_path / "eval"
-    assert main(["evaluate", "--model", str(rte_run / "best"), "--task", "RTE", "--data-dir", str(data.parent),
-                 "--output", str(out), "--max-length", "48", "--max-examples", "64"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--model",
+                str(rte_run / "best"),
+                "--task",
+                "RTE",
+                "--data-dir",
+                str(data.parent),
+                "--output",
+                str(out),
+                "--max-length",
+                "48",
+                "--max-examples",
+                "64",
+            ]
+        )
+        == 0
+    )
     result = json.loads((out / "dev_scores.json").read_text())
     assert set(result["tasks"]["RTE"]["exits"]) == {"1", "2"}
     assert (out / "layer_curve.png").stat().st_size > 1000
@@ -179,8 +247,28 @@ def test_evaluate_writes_curve_and_glue_submission(tmp_path, rte_run, glue_dir):
 
 def test_plot_embeddings(tmp_path, rte_run, glue_dir):
     png = tmp_path / "emb.png"
-    assert main(["plot-embeddings", "--model", str(rte_run / "best"), "--data-dir", str(glue_dir), "--layer", "1",
-                 "--max-examples", "40", "--max-length", "48", "--method", "pca", "--output", str(png)]) == 0
+    assert (
+        main(
+            [
+                "plot-embeddings",
+                "--model",
+                str(rte_run / "best"),
+                "--data-dir",
+                str(glue_dir),
+                "--layer",
+                "1",
+                "--max-examples",
+                "40",
+                "--max-length",
+                "48",
+                "--method",
+                "pca",
+                "--output",
+                str(png),
+            ]
+        )
+        == 0
+    )
     arrays = np.load(png.with_suffix(".npz"))
     assert arrays["representations"].shape[0] == 40 and arrays["label_embeddings"].shape[0] == 2
     assert png.stat().st_size > 1000
@@ -204,22 +292,40 @@ def test_cli_errors_are_clear(tmp_path, capsys, minilm, glue_dir, rte_run):
     assert "num_labels mismatch" in err and "STS-B needs 1" in err
     assert "Did you mean 'MRPC'" in _error(capsys, base + ["--model", str(minilm), "--task", "MRCP"])
     assert "no 'train' split for task QNLI" in _error(capsys, base + ["--model", str(minilm), "--task", "QNLI"])
-    assert "needs at least two exits" in _error(capsys, base + ["--model", str(minilm), "--task", "RTE",
-                                                                "--method", "2st"])
+    assert "needs at least two exits" in _error(
+        capsys, base + ["--model", str(minilm), "--task", "RTE", "--method", "2st"]
+    )
     assert "regression" in _error(capsys, base + ["--model", str(minilm), "--task", "STS-B", "--objective", "acl"])
     assert "outside 1..6" in _error(capsys, base + ["--model", str(minilm), "--task", "RTE", "--exits", "2,9"])
 
 
 def test_deepspeed_engine_runs_both_2st_stages(tmp_path, minilm, glue_dir, monkeypatch):
     pytest.importorskip("deepspeed")
-    for key, value in (("DS_ACCELERATOR", "cpu"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
-                       ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29541")):
+    for key, value in (
+        ("DS_ACCELERATOR", "cpu"),
+        ("RANK", "0"),
+        ("LOCAL_RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29541"),
+    ):
         monkeypatch.setenv(key, value)
     ds_config = tmp_path / "ds.json"
     ds_config.write_text(json.dumps({"zero_optimization": {"stage": 0}, "steps_per_print": 10**9}))
     out = tmp_path / "run"
-    run_training(config(minilm, glue_dir, out, task="RTE", method="2st", objective="acl", acl_grad=True,
-                        acl_grad_scope="all", deepspeed=str(ds_config)))
+    run_training(
+        config(
+            minilm,
+            glue_dir,
+            out,
+            task="RTE",
+            method="2st",
+            objective="acl",
+            acl_grad=True,
+            acl_grad_scope="all",
+            deepspeed=str(ds_config),
+        )
+    )
     assert set(read_scores(out)["best"]["exits"]) == {"1", "2"}
     assert json.loads((out / "acl_diagnostics.json").read_text())["batches"] == 2 * TINY["max_steps"]
 
@@ -229,15 +335,49 @@ def test_trains_from_our_pretraining_export(tmp_path, minilm, glue_dir, tokenize
     from elasticbert import ElasticBertConfig, ElasticBertForPreTraining
 
     export = tmp_path / "export"
-    cfg = ElasticBertConfig(vocab_size=tokenizer.vocab_size, hidden_size=64, num_hidden_layers=3,
-                            num_attention_heads=4, intermediate_size=128, max_position_embeddings=128)
+    cfg = ElasticBertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=128,
+    )
     ElasticBertForPreTraining(cfg).save_pretrained(export)
     tokenizer.save_pretrained(export)
     out = tmp_path / "run"
-    assert main(["train", "--model", str(export), "--task", "MRPC", "--data-dir", str(glue_dir), "--output", str(out),
-                 "--exits", "--exit-type", "mha", "--method", "alt", "--max-steps", "2", "--batch-size", "4",
-                 "--max-length", "32", "--max-train-examples", "16", "--max-dev-examples", "16",
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                str(export),
+                "--task",
+                "MRPC",
+                "--data-dir",
+                str(glue_dir),
+                "--output",
+                str(out),
+                "--exits",
+                "--exit-type",
+                "mha",
+                "--method",
+                "alt",
+                "--max-steps",
+                "2",
+                "--batch-size",
+                "4",
+                "--max-length",
+                "32",
+                "--max-train-examples",
+                "16",
+                "--max-dev-examples",
+                "16",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert set(read_scores(out)["best"]["exits"]) == {"1", "2", "3"}
 
 
@@ -250,11 +390,28 @@ def test_train_options_come_from_the_config(monkeypatch, capsys):
     base = ["train", "--model", "M", "--task", "RTE", "--output", "O"]
     cfg = config_from_args(build_parser().parse_args(base))
     assert cfg == TrainConfig(model="M", task="RTE", output="O")
-    args = build_parser().parse_args(base + ["--acl-grad", "--no-log-angles", "--gradient-equilibrium", "--exits",
-                                             "--no-progress", "--max-train-examples", "5", "--lambda", "0.1"])
+    args = build_parser().parse_args(
+        base
+        + [
+            "--acl-grad",
+            "--no-log-angles",
+            "--gradient-equilibrium",
+            "--exits",
+            "--no-progress",
+            "--max-train-examples",
+            "5",
+            "--lambda",
+            "0.1",
+        ]
+    )
     cfg = config_from_args(args)
     assert (cfg.acl_grad, cfg.log_angles, cfg.gradient_equilibrium, cfg.exits, cfg.progress) == (
-        True, False, True, "all", False)
+        True,
+        False,
+        True,
+        "all",
+        False,
+    )
     assert (cfg.max_train_examples, cfg.lam, cfg.data_dir) == (5, 0.1, None)
     monkeypatch.setenv("GLUE_DIR", "/data/glue")
     assert build_parser().parse_args(base).data_dir == "/data/glue"

@@ -66,8 +66,17 @@ def test_early_exit_then_elue_score_and_submission(saved_model, small_glue, tmp_
     report_path = tmp_path / "elue.json"
     run_json = str(stem.with_suffix(".json"))
     args = _parser().parse_args(
-        ["elue-score", "--baseline", run_json, "--points", run_json, "--output", str(report_path), "--system",
-         "patience"]
+        [
+            "elue-score",
+            "--baseline",
+            run_json,
+            "--points",
+            run_json,
+            "--output",
+            str(report_path),
+            "--system",
+            "patience",
+        ]
     )
     assert args.func(args) == 0
     report = json.loads(report_path.read_text())["patience"]
@@ -75,8 +84,9 @@ def test_early_exit_then_elue_score_and_submission(saved_model, small_glue, tmp_
     assert "ELUE score" in capsys.readouterr().out
 
     sub_dir = tmp_path / "submission"
-    args = _parser().parse_args(["submission", "--results", run_json, "--output", str(sub_dir), "--strategy",
-                                 "patience"])
+    args = _parser().parse_args(
+        ["submission", "--results", run_json, "--output", str(sub_dir), "--strategy", "patience"]
+    )
     assert args.func(args) == 0
     point_dirs = sorted(p.name for p in sub_dir.iterdir())
     assert point_dirs == ["patience_0", "patience_5"]
@@ -102,8 +112,7 @@ def test_early_exit_then_elue_score_and_submission(saved_model, small_glue, tmp_
 
 
 def test_cli_rejects_bad_requests(saved_model, small_glue, tmp_path, capsys):
-    common = ["--model", str(saved_model), "--task", "SST-2", "--data-dir", str(small_glue), "--output",
-              str(tmp_path)]
+    common = ["--model", str(saved_model), "--task", "SST-2", "--data-dir", str(small_glue), "--output", str(tmp_path)]
     args = _parser().parse_args(["early-exit", *common, "--strategy", "entropy,maxprob", "--sweep", "0.1"])
     with pytest.raises(ConfigError, match="exactly one"):
         args.func(args)
@@ -124,14 +133,38 @@ def test_renamed_options_parse(monkeypatch, tmp_path):
     """The CLI convention: --output, --max-*-examples, --x/--no-x, one --data-dir default, defaults from the
     config dataclasses."""
     monkeypatch.setenv("GLUE_DIR", str(tmp_path))
-    args = _parser().parse_args(["early-exit", "--model", "M", "--task", "SST-2", "--output", "O",
-                                 "--max-examples", "10", "--max-lte-examples", "20", "--no-merge", "--train-lte"])
-    assert (args.output, args.max_examples, args.max_lte_examples, args.merge, args.train_lte) == ("O", 10, 20,
-                                                                                                   False, True)
+    args = _parser().parse_args(
+        [
+            "early-exit",
+            "--model",
+            "M",
+            "--task",
+            "SST-2",
+            "--output",
+            "O",
+            "--max-examples",
+            "10",
+            "--max-lte-examples",
+            "20",
+            "--no-merge",
+            "--train-lte",
+        ]
+    )
+    assert (args.output, args.max_examples, args.max_lte_examples, args.merge, args.train_lte) == (
+        "O",
+        10,
+        20,
+        False,
+        True,
+    )
     assert args.data_dir == str(tmp_path)
     defaults = SweepConfig()
     assert (args.batch_size, args.repeats, args.patience, args.delta) == (
-        defaults.batch_size, defaults.repeats, defaults.patience, defaults.delta)
+        defaults.batch_size,
+        defaults.repeats,
+        defaults.patience,
+        defaults.delta,
+    )
     args = _parser().parse_args(["elue-score", "--baseline", "b.json", "--points", "p.json", "--output", "r.json"])
     assert args.output == "r.json" and args.out_of_range == "clamp"
     args = _parser().parse_args(["submission", "--results", "r.json", "--output", "D"])
@@ -139,7 +172,9 @@ def test_renamed_options_parse(monkeypatch, tmp_path):
     monkeypatch.delenv("GLUE_DIR")
     args = _parser().parse_args(["evaluate", "--model", "M", "--output", "O", "--no-test", "--all-exits"])
     assert args.data_dir is None and args.test is False and args.all_exits is True
-    for gone in (["early-exit", "--model", "M", "--task", "T", "--limit", "3"],
-                 ["elue-score", "--baseline", "b", "--points", "p", "--write-submission", "D"]):
+    for gone in (
+        ["early-exit", "--model", "M", "--task", "T", "--limit", "3"],
+        ["elue-score", "--baseline", "b", "--points", "p", "--write-submission", "D"],
+    ):
         with pytest.raises(SystemExit):
             _parser().parse_args(gone)

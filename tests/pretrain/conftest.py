@@ -23,8 +23,7 @@ def prepared_gutenberg(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if missing:
         pytest.skip(f"Gutenberg books {missing} not found under {GUTENBERG}")
     out = tmp_path_factory.mktemp("data") / "gutenberg"
-    tokenize_corpus([str(GUTENBERG / b) for b in BOOKS], out, tokenizer=minilm_dir() / "vocab.txt",
-                    valid_fraction=0.05)
+    tokenize_corpus([str(GUTENBERG / b) for b in BOOKS], out, tokenizer=minilm_dir() / "vocab.txt", valid_fraction=0.05)
     return out
 
 

@@ -22,11 +22,18 @@ TINY = REPO / "configs" / "tiny_cpu.yaml"
 
 
 def base_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-           and not k.startswith("SLURM_")}
-    env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") and not k.startswith("SLURM_")
+    }
+    env.update(
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+    )
     return env
 
 
@@ -89,22 +96,42 @@ def _records(args: list[str]) -> int:
 
 def launch_torchrun(args: list[str], nproc: int, log: Path) -> Launch:
     before = _records(args)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "pretrain", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(nproc),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "pretrain",
+        *args,
+    ]
     with open(log, "ab") as f:
-        p = subprocess.Popen(cmd, cwd=REPO, env=base_env(), stdout=f, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+        p = subprocess.Popen(cmd, cwd=REPO, env=base_env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     return Launch([p], log, before)
 
 
 def launch_deepspeed(args: list[str], nproc: int, log: Path) -> Launch:
     """The DeepSpeed launcher (it passes --local_rank=N before our subcommand)."""
     before = _records(args)
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc), "--master_port",
-           str(free_port()), "--module", "pretrain", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--num_gpus",
+        str(nproc),
+        "--master_port",
+        str(free_port()),
+        "--module",
+        "pretrain",
+        *args,
+    ]
     with open(log, "ab") as f:
-        p = subprocess.Popen(cmd, cwd=REPO, env=base_env(), stdout=f, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+        p = subprocess.Popen(cmd, cwd=REPO, env=base_env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     return Launch([p], log, before)
 
 
@@ -115,11 +142,25 @@ def launch_srun_style(args: list[str], ntasks: int, log: Path) -> Launch:
     procs = []
     for r in range(ntasks):
         env = base_env()
-        env.update(SLURM_PROCID=str(r), SLURM_NTASKS=str(ntasks), SLURM_LOCALID=str(r),
-                   SLURM_JOB_NODELIST="localhost", SLURM_JOB_ID="4242", MASTER_PORT=str(port))
+        env.update(
+            SLURM_PROCID=str(r),
+            SLURM_NTASKS=str(ntasks),
+            SLURM_LOCALID=str(r),
+            SLURM_JOB_NODELIST="localhost",
+            SLURM_JOB_ID="4242",
+            MASTER_PORT=str(port),
+        )
         with open(log, "ab") as f:
-            procs.append(subprocess.Popen([sys.executable, "-m", "pretrain", *args], cwd=REPO, env=env, stdout=f,
-                                          stderr=subprocess.STDOUT, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "pretrain", *args],
+                    cwd=REPO,
+                    env=env,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
     return Launch(procs, log, before)
 
 
@@ -135,7 +176,7 @@ def wait_for_step(run_dir: Path, step: int, launch: Launch, timeout: float = 240
     attempts are skipped); returns the newest step seen."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        recs = read_metrics(run_dir)[launch.records_before:]
+        recs = read_metrics(run_dir)[launch.records_before :]
         if recs and recs[-1]["step"] >= step:
             return recs[-1]["step"]
         if any(p.poll() is not None for p in launch.procs):

@@ -27,8 +27,9 @@ def data_copy(prepared_gutenberg, tmp_path):
 
 
 def test_config_errors_exit_2_without_traceback(tmp_path, prepared_gutenberg, capsys, clean_env):
-    code, err = run_main(train_args(TINY, tmp_path / "r", prepared_gutenberg, ["optim.lrr=1", "exits.groups=[[1,4]]"]),
-                         capsys)
+    code, err = run_main(
+        train_args(TINY, tmp_path / "r", prepared_gutenberg, ["optim.lrr=1", "exits.groups=[[1,4]]"]), capsys
+    )
     assert code == 2
     assert "unknown key 'optim.lrr' (did you mean 'optim.lr'?)" in err and "exits.groups miss layers [2, 3]" in err
     assert "Traceback" not in err
@@ -105,13 +106,28 @@ def test_export_of_something_that_is_not_a_checkpoint(tmp_path, capsys):
 
 def test_build_index_opens_the_data_without_the_trainer(data_copy, tmp_path):
     """`build-index` verifies, stamps and caches offline: no trainer, no DeepSpeed imported."""
-    argv = ["build-index", "--config", str(TINY), "--output", str(tmp_path / "run"),
-            "--set", f"data.corpora.0.path={data_copy}"]
-    code = (f"import sys; from pretrain.__main__ import main; rc = main({argv!r}); "
-            "loaded = [m for m in ('pretrain.trainer', 'deepspeed') if m in sys.modules]; "
-            "assert not loaded, loaded; sys.exit(rc)")
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    argv = [
+        "build-index",
+        "--config",
+        str(TINY),
+        "--output",
+        str(tmp_path / "run"),
+        "--set",
+        f"data.corpora.0.path={data_copy}",
+    ]
+    code = (
+        f"import sys; from pretrain.__main__ import main; rc = main({argv!r}); "
+        "loaded = [m for m in ('pretrain.trainer', 'deepspeed') if m in sys.modules]; "
+        "assert not loaded, loaded; sys.exit(rc)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) == 2 and "sample_index_train_" in lines[0] and "sample_index_valid_" in lines[1]
@@ -127,8 +143,9 @@ def test_blended_corpora_must_share_a_tokenizer(prepared_gutenberg, tmp_path, cl
     from pretrain.config import ConfigError, load_config
     from pretrain.corpora import open_data
 
-    both = load_config(TINY, [f"data.corpora=[{{path: {prepared_gutenberg}, weight: 3}}, "
-                              f"{{path: {prepared_gutenberg}, weight: 1}}]"])
+    both = load_config(
+        TINY, [f"data.corpora=[{{path: {prepared_gutenberg}, weight: 3}}, {{path: {prepared_gutenberg}, weight: 1}}]"]
+    )
     bundle = open_data(both, tmp_path, need_valid=True)
     assert len(bundle.train) == 2 and len(bundle.valid) == 2 and len(bundle.train[0]) == len(bundle.train[1])
 

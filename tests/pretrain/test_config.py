@@ -23,8 +23,11 @@ def test_shipped_configs_load_and_match_the_design():
     validate(base, world_size=64)  # 64 GPUs: 32 x 64 x accumulation 2
     large = load_config(CONFIGS / "elasticbert_large.yaml")
     assert large.model.num_hidden_layers == 24 and large.model.activation_checkpointing
-    assert large.exit_groups() == [tuple(range(1, 24, 3)) + (24,), tuple(range(2, 24, 3)) + (24,),
-                                   tuple(range(3, 24, 3)) + (24,)]
+    assert large.exit_groups() == [
+        tuple(range(1, 24, 3)) + (24,),
+        tuple(range(2, 24, 3)) + (24,),
+        tuple(range(3, 24, 3)) + (24,),
+    ]
     tiny = load_config(CONFIGS / "tiny_cpu.yaml")
     assert tiny.model.hidden_size == 64 and tiny.train.ds_config.endswith("cpu_fp32.json")
     from elasticbert import exit_groups
@@ -34,8 +37,10 @@ def test_shipped_configs_load_and_match_the_design():
 
 
 def test_overrides_are_typed_and_reach_nested_lists():
-    cfg = load_config(CONFIGS / "tiny_cpu.yaml", ["optim.lr=1e-4", "data.corpora.0.path=/x", "train.zero_stage=3",
-                                                  "exits.groups=[[1,2,4],[3,4]]"])
+    cfg = load_config(
+        CONFIGS / "tiny_cpu.yaml",
+        ["optim.lr=1e-4", "data.corpora.0.path=/x", "train.zero_stage=3", "exits.groups=[[1,2,4],[3,4]]"],
+    )
     assert cfg.optim.lr == 1e-4 and isinstance(cfg.optim.lr, float)
     assert cfg.data.corpora[0].path == "/x" and cfg.train.zero_stage == 3
     assert cfg.exit_groups() == [(1, 2, 4), (3, 4)]
@@ -83,9 +88,12 @@ def test_world_size_divisibility_is_checked_with_a_hint():
 
 def test_semantic_hash_ignores_cadence_but_not_meaning():
     a = load_config(CONFIGS / "tiny_cpu.yaml")
-    assert a.semantic_hash() == load_config(CONFIGS / "tiny_cpu.yaml", ["checkpoint.interval=7",
-                                                                        "train.micro_batch_size=2",
-                                                                        "logging.progress=true"]).semantic_hash()
+    assert (
+        a.semantic_hash()
+        == load_config(
+            CONFIGS / "tiny_cpu.yaml", ["checkpoint.interval=7", "train.micro_batch_size=2", "logging.progress=true"]
+        ).semantic_hash()
+    )
     assert a.semantic_hash() != load_config(CONFIGS / "tiny_cpu.yaml", ["optim.lr=1e-4"]).semantic_hash()
     assert a.semantic_hash() != load_config(CONFIGS / "tiny_cpu.yaml", ["exits.num_groups=1"]).semantic_hash()
 
@@ -100,8 +108,11 @@ def test_every_ds_config_fills_completely(path):
     device = "cuda" if "fp16" in path.name or "bf16" in path.name else "cpu"
     ds, layout = fill_ds_config(raw, cfg, world_size=64, device=device)
     assert "auto" not in json.dumps(ds)
-    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == \
-        (4096, 32, 2)
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (
+        4096,
+        32,
+        2,
+    )
     assert (layout.micro_batch, layout.grad_accum, layout.world_size) == (32, 2, 64)
     assert ds["optimizer"]["params"]["lr"] == cfg.optim.lr and ds["gradient_clipping"] == cfg.optim.grad_clip
     stage = int(path.name[4]) if path.name.startswith("zero") else 1
@@ -160,13 +171,27 @@ def test_learning_rate_warmup_then_linear_decay():
 
 
 def test_slurm_variables_become_torch_distributed_ones():
-    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "123",
-           "SLURM_JOB_NODELIST": "gpu[07-08],gpu11"}
+    env = {
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "16",
+        "SLURM_LOCALID": "1",
+        "SLURM_JOB_ID": "123",
+        "SLURM_JOB_NODELIST": "gpu[07-08],gpu11",
+    }
     d = resolve_env(env)
     assert (d.rank, d.world_size, d.local_rank, d.master_addr, d.launcher) == (5, 16, 1, "gpu07", "srun")
     assert d.master_port == resolve_env(dict(env, SLURM_PROCID="0")).master_port  # same on every task
-    torchrun = resolve_env({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h",
-                            "MASTER_PORT": "1234", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"})
+    torchrun = resolve_env(
+        {
+            "RANK": "1",
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": "1",
+            "MASTER_ADDR": "h",
+            "MASTER_PORT": "1234",
+            "SLURM_PROCID": "0",
+            "SLURM_NTASKS": "1",
+        }
+    )
     assert (torchrun.rank, torchrun.world_size, torchrun.master_port, torchrun.launcher) == (1, 2, 1234, "torchrun")
     alone = resolve_env({})
     assert (alone.rank, alone.world_size, alone.launcher) == (0, 1, "none")
@@ -182,8 +207,9 @@ def test_checkpoint_compatibility_refuses_unless_forced():
 
     old = load_config(CONFIGS / "tiny_cpu.yaml")
     new = load_config(CONFIGS / "tiny_cpu.yaml", ["optim.lr=1e-4", "logging.progress=true"])
-    point = ResumePoint("global_step5", {"step": 5, "consumed_samples": 80, "config_hash": old.semantic_hash(),
-                                         "config": old.to_dict()})
+    point = ResumePoint(
+        "global_step5", {"step": 5, "consumed_samples": 80, "config_hash": old.semantic_hash(), "config": old.to_dict()}
+    )
     assert check_compatible(point, old.semantic_hash(), old.to_dict(), force=False) == []
     with pytest.raises(ResumeError, match=r"optim.lr: 0.002 -> 0.0001") as e:
         check_compatible(point, new.semantic_hash(), new.to_dict(), force=False)

@@ -51,16 +51,32 @@ def test_init_from_checkpoint_with_another_vocabulary_is_refused(tmp_path):
 def test_activation_checkpointing_gives_the_same_gradients():
     cfg = load_config(TINY, ["model.hidden_dropout_prob=0.0", "model.attention_probs_dropout_prob=0.0"])
     plain, _ = build_model(cfg, 1000, None)
-    ckpt, _ = build_model(load_config(TINY, ["model.activation_checkpointing=true", "model.hidden_dropout_prob=0.0",
-                                             "model.attention_probs_dropout_prob=0.0"]), 1000, None)
+    ckpt, _ = build_model(
+        load_config(
+            TINY,
+            [
+                "model.activation_checkpointing=true",
+                "model.hidden_dropout_prob=0.0",
+                "model.attention_probs_dropout_prob=0.0",
+            ],
+        ),
+        1000,
+        None,
+    )
     assert ckpt.elasticbert.encoder.gradient_checkpointing
     torch.manual_seed(0)
     ids = torch.randint(5, 1000, (2, 32))
     labels = torch.full_like(ids, -100)
     labels[:, 3:8] = ids[:, 3:8]
-    batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=torch.zeros_like(ids),
-                 mlm_labels=labels, sop_labels=torch.tensor([0, 1]), active_exits=(1, 3, 4),
-                 gradient_equilibrium=True)
+    batch = dict(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        token_type_ids=torch.zeros_like(ids),
+        mlm_labels=labels,
+        sop_labels=torch.tensor([0, 1]),
+        active_exits=(1, 3, 4),
+        gradient_equilibrium=True,
+    )
     for m in (plain, ckpt):
         m.train()
         m(**batch).loss.backward()

@@ -45,7 +45,7 @@ def test_index_packs_whole_documents_in_order(corpus):
         assert bounds[doc] <= first and end <= bounds[doc + 1] and end - first >= 2  # an A and a B
         assert target == SEQ - 3
         # packing stops at the first sentence that reaches the target (or takes a lone trailing one)
-        assert lengths[first:end - 1].sum() < target or end - first == 2 or end == bounds[doc + 1]
+        assert lengths[first : end - 1].sum() < target or end - first == 2 or end == bounds[doc + 1]
     # consecutive samples of a document tile it without gaps or overlaps
     same_doc = index[1:, 0] == index[:-1, 0]
     assert (index[1:, 1][same_doc] == index[:-1, 2][same_doc]).all()
@@ -71,7 +71,7 @@ def test_sample_layout_and_sop(dataset):
         seps = np.flatnonzero((ids == sep) & (mlm == IGNORE_INDEX))
         assert ids[0] == cls and ids[-1] == sep and len(seps) >= 2
         first_sep = seps[0]
-        assert (types[: first_sep + 1] == 0).all() and (types[first_sep + 1:] == 1).all()
+        assert (types[: first_sep + 1] == 0).all() and (types[first_sep + 1 :] == 1).all()
         assert first_sep >= 2 and len(ids) - first_sep >= 3  # both segments non-empty
         assert mlm[0] == IGNORE_INDEX and mlm[first_sep] == IGNORE_INDEX and mlm[-1] == IGNORE_INDEX
         labels.append(int(s["sop_label"]))
@@ -88,9 +88,9 @@ def test_sop_label_matches_segment_order(dataset, corpus):
         first_sep = int(np.flatnonzero(s["token_type_ids"])[0]) - 1
         seg_a = ids[1:first_sep]
         text = np.concatenate([corpus.sentence(j) for j in range(first, end)]).astype(np.int64)
-        pos = next(p for p in range(len(text) - len(seg_a) + 1) if np.array_equal(text[p:p + len(seg_a)], seg_a))
-        seg_b = ids[first_sep + 1:-1]
-        pos_b = next(p for p in range(len(text) - len(seg_b) + 1) if np.array_equal(text[p:p + len(seg_b)], seg_b))
+        pos = next(p for p in range(len(text) - len(seg_a) + 1) if np.array_equal(text[p : p + len(seg_a)], seg_a))
+        seg_b = ids[first_sep + 1 : -1]
+        pos_b = next(p for p in range(len(text) - len(seg_b) + 1) if np.array_equal(text[p : p + len(seg_b)], seg_b))
         assert (pos > pos_b) == bool(s["sop_label"])
 
 
@@ -131,8 +131,10 @@ def test_samples_are_deterministic_across_objects_and_processes(dataset, corpus)
         assert all(np.array_equal(a[k], b[k]) for k in a)
     # and in a fresh process (as in a DataLoader worker or on another rank)
     blob = pickle.dumps(again)
-    code = ("import pickle,sys,numpy as np; d=pickle.loads(sys.stdin.buffer.read()); "
-            "s=d[17]; sys.stdout.write(','.join(map(str, s['input_ids'].tolist())) + '|' + str(int(s['sop_label'])))")
+    code = (
+        "import pickle,sys,numpy as np; d=pickle.loads(sys.stdin.buffer.read()); "
+        "s=d[17]; sys.stdout.write(','.join(map(str, s['input_ids'].tolist())) + '|' + str(int(s['sop_label'])))"
+    )
     out = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, check=True).stdout.decode()
     ref = dataset[17]
     assert out == ",".join(map(str, ref["input_ids"].tolist())) + "|" + str(int(ref["sop_label"]))
@@ -223,8 +225,12 @@ def test_dataloader_workers_give_the_same_batches(dataset):
 
     def batches(workers):
         loader = torch.utils.data.DataLoader(
-            BlendedDataset([dataset]), batch_sampler=RankBatches(order, 32, 16, 4, 1, 2), collate_fn=Collator(0),
-            num_workers=workers, prefetch_factor=2 if workers else None)
+            BlendedDataset([dataset]),
+            batch_sampler=RankBatches(order, 32, 16, 4, 1, 2),
+            collate_fn=Collator(0),
+            num_workers=workers,
+            prefetch_factor=2 if workers else None,
+        )
         it = iter(loader)
         return [next(it) for _ in range(6)]
 

@@ -21,8 +21,9 @@ class TwoRanks:
 
 def _out(k, base):
     v = torch.arange(1, k + 1, dtype=torch.float32) * base
-    return SimpleNamespace(loss=torch.tensor(base * 10.0), mlm_loss=v, sop_loss=v + 1, mlm_accuracy=v / 10,
-                           sop_accuracy=v / 100)
+    return SimpleNamespace(
+        loss=torch.tensor(base * 10.0), mlm_loss=v, sop_loss=v + 1, mlm_accuracy=v / 10, sop_accuracy=v / 100
+    )
 
 
 def _batch():

@@ -95,8 +95,18 @@ def test_tensorboard_and_validation(zero_runs):
     acc = EventAccumulator(str(run / "tensorboard"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    for tag in ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/mfu", "train/data_wait_s",
-                "mlm_loss/exit_01", "mlm_loss/exit_02", "sop_accuracy/exit_04", "valid_mlm_loss/exit_03"):
+    for tag in (
+        "train/loss",
+        "train/lr",
+        "train/grad_norm",
+        "train/tokens_per_s",
+        "train/mfu",
+        "train/data_wait_s",
+        "mlm_loss/exit_01",
+        "mlm_loss/exit_02",
+        "sop_accuracy/exit_04",
+        "valid_mlm_loss/exit_03",
+    ):
         assert tag in tags, tag
     assert len(acc.Scalars("mlm_loss/exit_01")) == STEPS // 2  # exit 1 trains only in group 0
     evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
@@ -169,8 +179,11 @@ def test_exact_resume_after_sigkill_and_after_sigterm(zero_runs, interrupted_run
     b = interrupted_run
     ev = events(b["run"])
     starts = [e for e in ev if e["event"] == "start"]
-    assert [s["resumed_from"] for s in starts] == [None, f"global_step{b['killed_resume']}",
-                                                   f"global_step{b['term_resume']}"]
+    assert [s["resumed_from"] for s in starts] == [
+        None,
+        f"global_step{b['killed_resume']}",
+        f"global_step{b['term_resume']}",
+    ]
     assert starts[1]["launcher"] == "srun" and starts[2]["launcher"] == "torchrun"
     preempted = [e for e in ev if e["event"] == "preempted"]
     assert len(preempted) == 1 and preempted[0]["step"] == b["term_resume"] and preempted[0]["signal"] == "SIGTERM"
@@ -229,8 +242,9 @@ def test_export_matches_in_memory_weights(zero_runs, tmp_path, stage):
 
     clf, report = load_pretrained(ElasticBertForSequenceClassification, out, num_labels=3, exit_layers=[2, 4])
     assert report.initialised and all("classifier" in k for k in report.initialised), report
-    assert torch.equal(clf.elasticbert.encoder.pooler[1].dense.weight,
-                       in_memory["elasticbert.encoder.pooler.1.dense.weight"])
+    assert torch.equal(
+        clf.elasticbert.encoder.pooler[1].dense.weight, in_memory["elasticbert.encoder.pooler.1.dense.weight"]
+    )
     assert BertTokenizer.from_pretrained(str(out))("a test")["input_ids"][0] == 101
     assert main(["export", "--checkpoint", str(zero_runs[stage] / "checkpoints"), "--output", str(out)]) == 2
 
@@ -251,9 +265,11 @@ def test_refuses_a_checkpoint_from_another_config(zero_runs, prepared_gutenberg,
 def test_deepspeed_launcher_reproduces_the_torchrun_run(work, zero_runs, prepared_gutenberg):
     """`deepspeed --num_gpus 2 --module pretrain train ...`: same steps, same losses as under torchrun."""
     run = work / "ds_launcher"
-    launch = launch_deepspeed(train_args(TINY, run, prepared_gutenberg, COMMON + ["train.zero_stage=1",
-                                                                                "train.stop_after_steps=4"]),
-                              2, work / "ds.log")
+    launch = launch_deepspeed(
+        train_args(TINY, run, prepared_gutenberg, COMMON + ["train.zero_stage=1", "train.stop_after_steps=4"]),
+        2,
+        work / "ds.log",
+    )
     assert launch.wait() == [0], launch.output()
     assert events(run)[0]["launcher"] == "deepspeed"
     ref, got = latest_per_step(read_metrics(zero_runs[1])), latest_per_step(read_metrics(run))

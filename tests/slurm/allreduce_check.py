@@ -13,8 +13,19 @@ import torch.distributed as dist
 def main() -> int:
     out_dir = sys.argv[1]
     env = {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env.update({k: os.environ.get(k) for k in ("LOCAL_WORLD_SIZE", "NODE_RANK", "SLURM_PROCID", "OMP_NUM_THREADS",
-                                               "DS_ACCELERATOR", "SLURM_JOB_ID")})
+    env.update(
+        {
+            k: os.environ.get(k)
+            for k in (
+                "LOCAL_WORLD_SIZE",
+                "NODE_RANK",
+                "SLURM_PROCID",
+                "OMP_NUM_THREADS",
+                "DS_ACCELERATOR",
+                "SLURM_JOB_ID",
+            )
+        }
+    )
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     t = torch.tensor([float(rank + 1)])

@@ -20,8 +20,17 @@ HERE = Path(__file__).resolve().parent
 CLUSTER_SH = HERE / "local_cluster.sh"
 RUN_DIR = Path(os.environ.get("SLURM_LOCAL_RUN_DIR", "/tmp/elasticbert-slurm"))
 OWNER_MARK = RUN_DIR / "started-by-pytest"
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
-                "BOOT_FAIL", "DEADLINE"}
+FINAL_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 
 
 def _sh(*args: str, timeout: float = 60, check: bool = False, **kw) -> subprocess.CompletedProcess:
@@ -36,11 +45,40 @@ def _tail(path: Path, n: int = 40) -> str:
 
 
 # the scripts' knobs: never inherited from the developer's shell by a test submission
-KNOBS = ["EB_ROOT", "EB_VENV", "EB_PYTHON", "EB_SIGNALS", "EB_MAX_RESTARTS", "EB_RANK_LOGS", "EB_LOG_DIR",
-         "EB_SRUN_ARGS", "EB_MASTER_ADDR", "EB_MASTER_PORT", "EB_REQUEUE_ON_SIGNAL", "EB_STEP_WAIT", "CONFIG",
-         "DS_CONFIG", "RUN_DIR", "PRETRAIN_MODULE", "DATA_PREP_MODULE", "FINETUNE_MODULE", "FT_OUT", "MODEL",
-         "DATA_DIR", "PREP_TASKS", "PREP_NUM_TASKS", "TASKS", "SEEDS", "OMP_NUM_THREADS", "DS_ACCELERATOR",
-         "VIRTUAL_ENV", "ELASTICBERT_DATA", "PYTHONPATH", "STANDIN_MODE", "STANDIN_FAIL_INDEX"]
+KNOBS = [
+    "EB_ROOT",
+    "EB_VENV",
+    "EB_PYTHON",
+    "EB_SIGNALS",
+    "EB_MAX_RESTARTS",
+    "EB_RANK_LOGS",
+    "EB_LOG_DIR",
+    "EB_SRUN_ARGS",
+    "EB_MASTER_ADDR",
+    "EB_MASTER_PORT",
+    "EB_REQUEUE_ON_SIGNAL",
+    "EB_STEP_WAIT",
+    "CONFIG",
+    "DS_CONFIG",
+    "RUN_DIR",
+    "PRETRAIN_MODULE",
+    "DATA_PREP_MODULE",
+    "FINETUNE_MODULE",
+    "FT_OUT",
+    "MODEL",
+    "DATA_DIR",
+    "PREP_TASKS",
+    "PREP_NUM_TASKS",
+    "TASKS",
+    "SEEDS",
+    "OMP_NUM_THREADS",
+    "DS_ACCELERATOR",
+    "VIRTUAL_ENV",
+    "ELASTICBERT_DATA",
+    "PYTHONPATH",
+    "STANDIN_MODE",
+    "STANDIN_FAIL_INDEX",
+]
 
 
 class SlurmCluster:
@@ -92,8 +130,10 @@ class SlurmCluster:
             if len(recs) == 1 and recs[0].get("JobState") in states:
                 return recs[0]
             if len(recs) == 1 and recs[0].get("JobState") in FINAL_STATES - states:
-                pytest.fail(f"job {job_id} ended {recs[0].get('JobState')}, wanted {states}\n{self.diagnose(job_id)}",
-                            pytrace=False)
+                pytest.fail(
+                    f"job {job_id} ended {recs[0].get('JobState')}, wanted {states}\n{self.diagnose(job_id)}",
+                    pytrace=False,
+                )
             return None
 
         return self.wait_until(f"job {job_id} to reach {states}", done, timeout, job_id)
@@ -133,8 +173,11 @@ def slurm_cluster():
         if r.returncode != 0:
             if not was_up:  # stop what this attempt did start (only recorded daemons)
                 _sh("bash", str(CLUSTER_SH), "stop", timeout=120)
-            pytest.fail(f"could not start the local Slurm cluster ({CLUSTER_SH} start, exit {r.returncode}):\n"
-                        f"{r.stdout}\n{r.stderr}", pytrace=False)
+            pytest.fail(
+                f"could not start the local Slurm cluster ({CLUSTER_SH} start, exit {r.returncode}):\n"
+                f"{r.stdout}\n{r.stderr}",
+                pytrace=False,
+            )
         if not was_up:
             OWNER_MARK.touch()
     finally:

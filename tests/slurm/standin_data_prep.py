@@ -1,8 +1,8 @@
 """Stand-in for `python -m data_prep` in the Slurm tests: same CLI shape, records what it was asked to do.
 
-  tokenize INPUTS... --output OUT --tokenizer VOCAB --num-tasks J --task-index j  -> OUT/shard-j-of-J.json
-      (exits 1 when STANDIN_FAIL_INDEX == j)
-  finalize OUT  -> OUT/manifest.json listing the shards; exits 1 unless shard 0..J-1 of one J are all there
+tokenize INPUTS... --output OUT --tokenizer VOCAB --num-tasks J --task-index j  -> OUT/shard-j-of-J.json
+    (exits 1 when STANDIN_FAIL_INDEX == j)
+finalize OUT  -> OUT/manifest.json listing the shards; exits 1 unless shard 0..J-1 of one J are all there
 """
 
 import argparse
@@ -27,9 +27,15 @@ def main() -> int:
     a = p.parse_args()
     if a.cmd == "tokenize":
         os.makedirs(a.output, exist_ok=True)
-        rec = {"inputs": a.inputs, "tokenizer": a.tokenizer, "num_tasks": a.num_tasks, "task_index": a.task_index,
-               "array_task": os.environ.get("SLURM_ARRAY_TASK_ID"), "job": os.environ.get("SLURM_JOB_ID"),
-               "time": time.time()}
+        rec = {
+            "inputs": a.inputs,
+            "tokenizer": a.tokenizer,
+            "num_tasks": a.num_tasks,
+            "task_index": a.task_index,
+            "array_task": os.environ.get("SLURM_ARRAY_TASK_ID"),
+            "job": os.environ.get("SLURM_JOB_ID"),
+            "time": time.time(),
+        }
         if os.environ.get("STANDIN_FAIL_INDEX") == str(a.task_index):
             print(f"failing shard {a.task_index} on purpose", flush=True)
             return 1

@@ -33,13 +33,34 @@ def main() -> int:
     if not run_dir:
         p.error("--output is required (pretrain's run directory, finetune's output directory)")
     os.makedirs(run_dir, exist_ok=True)
-    env = {k: os.environ.get(k) for k in
-           ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
-            "SLURM_JOB_ID", "SLURM_RESTART_COUNT", "SLURM_ARRAY_TASK_ID", "DS_ACCELERATOR", "OMP_NUM_THREADS",
-            "VIRTUAL_ENV")}
+    env = {
+        k: os.environ.get(k)
+        for k in (
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "NODE_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "SLURM_JOB_ID",
+            "SLURM_RESTART_COUNT",
+            "SLURM_ARRAY_TASK_ID",
+            "DS_ACCELERATOR",
+            "OMP_NUM_THREADS",
+            "VIRTUAL_ENV",
+        )
+    }
     rank = int(env["RANK"])
-    rec = {"argv": sys.argv[1:], "args": vars(a), "rest": rest, "env": env, "cwd": os.getcwd(),
-           "python": sys.executable, "time": time.time()}
+    rec = {
+        "argv": sys.argv[1:],
+        "args": vars(a),
+        "rest": rest,
+        "env": env,
+        "cwd": os.getcwd(),
+        "python": sys.executable,
+        "time": time.time(),
+    }
     with open(os.path.join(run_dir, "starts.jsonl"), "a") as f:
         f.write(json.dumps(rec) + "\n")
 

@@ -79,12 +79,14 @@ def test_pretrain_base_preemption_requeues_once_and_completes(slurm_cluster, sta
     run_dir, out = tmp_path / "run", tmp_path / "out.txt"
     env = standin_env(PRETRAIN_MODULE="standin_trainer", CONFIG=cfg, DS_CONFIG=ds, RUN_DIR=run_dir)
     # submitted from the repo root without EB_ROOT: the script must find the repo through SLURM_SUBMIT_DIR
-    jid = slurm_cluster.sbatch(*SMALL, f"--output={out}", "slurm/pretrain_base.sh", "--set", "train.max_steps=3",
-                               env=env)
+    jid = slurm_cluster.sbatch(
+        *SMALL, f"--output={out}", "slurm/pretrain_base.sh", "--set", "train.max_steps=3", env=env
+    )
     slurm_cluster.wait_state(jid, "RUNNING", timeout=60)
     # both ranks have their handlers installed (and the batch shell its trap) before we signal
-    slurm_cluster.wait_until("both ranks ready", lambda: all((run_dir / f"ready.rank{r}").exists() for r in (0, 1)),
-                             timeout=60, job_id=jid)
+    slurm_cluster.wait_until(
+        "both ranks ready", lambda: all((run_dir / f"ready.rank{r}").exists() for r in (0, 1)), timeout=60, job_id=jid
+    )
     r = subprocess.run(["scancel", "-b", "-s", "USR1", jid], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     rec = slurm_cluster.wait_state(jid, "COMPLETED", timeout=90)
@@ -94,7 +96,11 @@ def test_pretrain_base_preemption_requeues_once_and_completes(slurm_cluster, sta
 
     starts = read_jsonl(run_dir / "starts.jsonl")
     assert sorted((s["env"]["SLURM_RESTART_COUNT"] or "0", s["env"]["RANK"]) for s in starts) == [
-        ("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
+        ("0", "0"),
+        ("0", "1"),
+        ("1", "0"),
+        ("1", "1"),
+    ]
     for s in starts:
         assert s["argv"][:2] == ["train", "--config"] and s["argv"][2] == str(cfg)
         assert s["argv"][3:] == ["--output", str(run_dir), "--ds-config", str(ds), "--set", "train.max_steps=3"]
@@ -104,8 +110,7 @@ def test_pretrain_base_preemption_requeues_once_and_completes(slurm_cluster, sta
         assert (run_dir / f"preempted.rank{rank}").read_text() == "SIGUSR1"
         assert (run_dir / f"done.rank{rank}").exists()
     events = [line.split("\t")[2:4] for line in (run_dir / "logs/slurm_jobs.tsv").read_text().splitlines()]
-    assert events == [["0", "start"], ["0", "signal"], ["0", "exit"], ["0", "requeued"], ["1", "start"],
-                      ["1", "exit"]]
+    assert events == [["0", "start"], ["0", "signal"], ["0", "exit"], ["0", "requeued"], ["1", "start"], ["1", "exit"]]
     text = out.read_text()  # --open-mode=append: both runs in one file
     assert "forwarding it to the job step" in text and "requeueing job" in text and "step finished (exit 0)" in text
 
@@ -114,10 +119,12 @@ def test_pretrain_base_preemption_requeues_once_and_completes(slurm_cluster, sta
 def test_exit_75_without_requeue_permission_fails(slurm_cluster, standin_env, tmp_path):
     """A trainer asking for a requeue in a --no-requeue job: the job FAILS with 75 instead of vanishing."""
     cfg, _ = write_configs(tmp_path)
-    env = standin_env(PRETRAIN_MODULE="standin_trainer", CONFIG=cfg, DS_CONFIG="",
-                      RUN_DIR=tmp_path / "run", STANDIN_MODE="exit:75")
-    jid = slurm_cluster.sbatch(*SMALL, "--no-requeue", f"--output={tmp_path}/out.txt", "slurm/pretrain_base.sh",
-                               env=env)
+    env = standin_env(
+        PRETRAIN_MODULE="standin_trainer", CONFIG=cfg, DS_CONFIG="", RUN_DIR=tmp_path / "run", STANDIN_MODE="exit:75"
+    )
+    jid = slurm_cluster.sbatch(
+        *SMALL, "--no-requeue", f"--output={tmp_path}/out.txt", "slurm/pretrain_base.sh", env=env
+    )
     rec = slurm_cluster.wait_state(jid, "FAILED", timeout=50)
     assert rec["ExitCode"] == "75:0" and rec["Restarts"] == "0"
     starts = read_jsonl(tmp_path / "run/starts.jsonl")
@@ -128,8 +135,9 @@ def test_exit_75_without_requeue_permission_fails(slurm_cluster, standin_env, tm
 @pytest.mark.timeout(60)
 def test_trainer_failure_is_not_requeued(slurm_cluster, standin_env, tmp_path):
     cfg, ds = write_configs(tmp_path)
-    env = standin_env(PRETRAIN_MODULE="standin_trainer", CONFIG=cfg, DS_CONFIG=ds,
-                      RUN_DIR=tmp_path / "run", STANDIN_MODE="exit:3")
+    env = standin_env(
+        PRETRAIN_MODULE="standin_trainer", CONFIG=cfg, DS_CONFIG=ds, RUN_DIR=tmp_path / "run", STANDIN_MODE="exit:3"
+    )
     jid = slurm_cluster.sbatch(*SMALL, f"--output={tmp_path}/out.txt", "slurm/pretrain_base.sh", env=env)
     rec = slurm_cluster.wait_state(jid, "FAILED", timeout=50)
     assert rec["ExitCode"] == "3:0" and rec["Restarts"] == "0"
@@ -151,9 +159,28 @@ def test_pretrain_large_runs_base_with_large_config(slurm_cluster, standin_env, 
 def test_prep_data_array_then_dependent_finalize(slurm_cluster, standin_env, tmp_path):
     out_dir = tmp_path / "tok"
     env = standin_env(DATA_PREP_MODULE="standin_data_prep", PREP_TASKS=2)
-    r = subprocess.run(["bash", "slurm/prep_data.sh", "submit", "--cpus-per-task=1", "--time=5", f"--chdir={tmp_path}",
-                        "--", "a.txt", "b.txt", "--output", str(out_dir), "--tokenizer", "vocab.txt"],
-                       capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+    r = subprocess.run(
+        [
+            "bash",
+            "slurm/prep_data.sh",
+            "submit",
+            "--cpus-per-task=1",
+            "--time=5",
+            f"--chdir={tmp_path}",
+            "--",
+            "a.txt",
+            "b.txt",
+            "--output",
+            str(out_dir),
+            "--tokenizer",
+            "vocab.txt",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=env,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     array_id, fin_id = r.stdout.split()
     tasks = slurm_cluster.wait_array_final(array_id, 2, timeout=60)
@@ -162,8 +189,10 @@ def test_prep_data_array_then_dependent_finalize(slurm_cluster, standin_env, tmp
     assert fin["JobName"] == "eb-prep-finalize" and fin["Dependency"] in ("(null)", "")
     manifest = json.loads((out_dir / "manifest.json").read_text())
     assert manifest["ok"] and manifest["job"] == fin_id
-    assert [(s["num_tasks"], s["task_index"], s["array_task"]) for s in manifest["shards"]] == [(2, 0, "0"),
-                                                                                            (2, 1, "1")]
+    assert [(s["num_tasks"], s["task_index"], s["array_task"]) for s in manifest["shards"]] == [
+        (2, 0, "0"),
+        (2, 1, "1"),
+    ]
     assert all(s["inputs"] == ["a.txt", "b.txt"] and s["tokenizer"] == "vocab.txt" for s in manifest["shards"])
     assert manifest["time"] > max(s["time"] for s in manifest["shards"])
 
@@ -172,9 +201,29 @@ def test_prep_data_array_then_dependent_finalize(slurm_cluster, standin_env, tmp
 def test_prep_data_failed_shard_blocks_finalize(slurm_cluster, standin_env, tmp_path):
     out_dir = tmp_path / "tok"
     env = standin_env(DATA_PREP_MODULE="standin_data_prep", PREP_TASKS=2, STANDIN_FAIL_INDEX=1)
-    r = subprocess.run(["bash", "slurm/prep_data.sh", "submit", "-c", "1", "-t", "5", f"--chdir={tmp_path}", "--",
-                        "a.txt", "--output", str(out_dir), "--tokenizer", "v.txt"],
-                       capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+    r = subprocess.run(
+        [
+            "bash",
+            "slurm/prep_data.sh",
+            "submit",
+            "-c",
+            "1",
+            "-t",
+            "5",
+            f"--chdir={tmp_path}",
+            "--",
+            "a.txt",
+            "--output",
+            str(out_dir),
+            "--tokenizer",
+            "v.txt",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=env,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     array_id, fin_id = r.stdout.split()
     tasks = slurm_cluster.wait_array_final(array_id, 2, timeout=60)
@@ -186,11 +235,34 @@ def test_prep_data_failed_shard_blocks_finalize(slurm_cluster, standin_env, tmp_
 @pytest.mark.timeout(120)
 def test_finetune_glue_array_over_tasks_and_seeds(slurm_cluster, standin_env, tmp_path):
     ft_dir = tmp_path / "ft"
-    env = standin_env(FINETUNE_MODULE="standin_trainer", STANDIN_MODE="exit:0", TASKS="rte mrpc", SEEDS="7 8",
-                      FT_OUT=ft_dir, MODEL="some/model", DATA_DIR="")
-    r = subprocess.run(["bash", "slurm/finetune_glue.sh", "submit", "--gpus-per-node=1", "--cpus-per-task=1",
-                        "--time=5", f"--output={tmp_path}/%x-%A_%a.out", "--", "--max-steps", "2"],
-                       capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+    env = standin_env(
+        FINETUNE_MODULE="standin_trainer",
+        STANDIN_MODE="exit:0",
+        TASKS="rte mrpc",
+        SEEDS="7 8",
+        FT_OUT=ft_dir,
+        MODEL="some/model",
+        DATA_DIR="",
+    )
+    r = subprocess.run(
+        [
+            "bash",
+            "slurm/finetune_glue.sh",
+            "submit",
+            "--gpus-per-node=1",
+            "--cpus-per-task=1",
+            "--time=5",
+            f"--output={tmp_path}/%x-%A_%a.out",
+            "--",
+            "--max-steps",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=env,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     jid = r.stdout.strip()
     tasks = slurm_cluster.wait_array_final(jid, 4, timeout=90)
@@ -200,8 +272,19 @@ def test_finetune_glue_array_over_tasks_and_seeds(slurm_cluster, standin_env, tm
         (s,) = read_jsonl(ft_dir / task / f"seed{seed}" / "starts.jsonl")
         assert s["env"]["RANK"] == "0" and s["env"]["WORLD_SIZE"] == "1" and s["env"]["LOCAL_RANK"] == "0"
         out = str(ft_dir / task / f"seed{seed}")
-        assert s["argv"] == ["train", "--task", task, "--seed", str(seed), "--output", out,
-                             "--model", "some/model", "--max-steps", "2"]  # DATA_DIR="" omits --data-dir
+        assert s["argv"] == [
+            "train",
+            "--task",
+            task,
+            "--seed",
+            str(seed),
+            "--output",
+            out,
+            "--model",
+            "some/model",
+            "--max-steps",
+            "2",
+        ]  # DATA_DIR="" omits --data-dir
         got[int(s["env"]["SLURM_ARRAY_TASK_ID"])] = (task, seed)
     assert got == {0: ("rte", 7), 1: ("rte", 8), 2: ("mrpc", 7), 3: ("mrpc", 8)}
 
@@ -209,19 +292,32 @@ def test_finetune_glue_array_over_tasks_and_seeds(slurm_cluster, standin_env, tm
 @pytest.mark.timeout(60)
 def test_script_headers_accepted_by_sbatch(slurm_cluster):
     """Every #SBATCH header is valid for sbatch (sizes shrunk to this node): --test-only schedules nothing."""
-    for script, extra in [("pretrain_base.sh", SMALL), ("pretrain_large.sh", SMALL),
-                          ("prep_data.sh", ["--array=0-1", "--cpus-per-task=1"]),
-                          ("finetune_glue.sh", ["--array=0-1", "--cpus-per-task=1"])]:
-        r = subprocess.run(["sbatch", "--test-only", *extra, f"slurm/{script}"], capture_output=True, text=True,
-                           timeout=30, cwd=REPO)
+    for script, extra in [
+        ("pretrain_base.sh", SMALL),
+        ("pretrain_large.sh", SMALL),
+        ("prep_data.sh", ["--array=0-1", "--cpus-per-task=1"]),
+        ("finetune_glue.sh", ["--array=0-1", "--cpus-per-task=1"]),
+    ]:
+        r = subprocess.run(
+            ["sbatch", "--test-only", *extra, f"slurm/{script}"], capture_output=True, text=True, timeout=30, cwd=REPO
+        )
         assert r.returncode == 0 and re.search(r"to start at", r.stderr), (script, r.stdout + r.stderr)
 
 
 @pytest.mark.timeout(30)
 def test_rendezvous_multi_node_nodelist(slurm_cluster):
     """MASTER_ADDR is the first host of the (compressed) node list; the port is derived from the job id."""
-    r = subprocess.run(["bash", "-c", 'set -euo pipefail; source slurm/common.sh; eb_rendezvous 2>/dev/null; '
-                        'echo "$MASTER_ADDR $MASTER_PORT"'], capture_output=True, text=True, timeout=30, cwd=REPO,
-                       env={**os.environ, "SLURM_JOB_ID": "987654", "SLURM_JOB_NODELIST": "gpu[007-014],gpu020"})
+    r = subprocess.run(
+        [
+            "bash",
+            "-c",
+            'set -euo pipefail; source slurm/common.sh; eb_rendezvous 2>/dev/null; echo "$MASTER_ADDR $MASTER_PORT"',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=REPO,
+        env={**os.environ, "SLURM_JOB_ID": "987654", "SLURM_JOB_NODELIST": "gpu[007-014],gpu020"},
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["gpu007", str(10000 + 987654 % 20000)]

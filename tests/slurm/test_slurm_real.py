@@ -33,8 +33,11 @@ def metrics_by_step(run_dir: Path) -> dict[int, dict]:
 
 
 def shard_hashes(out: Path) -> dict[str, str]:
-    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for split in ("train", "valid") for p in sorted((out / split).glob("shard_*"))}
+    return {
+        str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for split in ("train", "valid")
+        for p in sorted((out / split).glob("shard_*"))
+    }
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +52,16 @@ def tiny_corpus(tmp_path_factory) -> Path:
 def pretrain_job(slurm_cluster, tmp: Path, name: str, data: Path) -> tuple[str, Path, Path]:
     run_dir, out = tmp / name, tmp / f"{name}.out"
     env = slurm_cluster.env(CONFIG="configs/tiny_cpu.yaml", DS_CONFIG="ds_configs/cpu_fp32.json", RUN_DIR=run_dir)
-    jid = slurm_cluster.sbatch(*SMALL, f"--output={out}", "slurm/pretrain_base.sh", "--set",
-                               f"data.corpora.0.path={data}", "--set", f"train.train_steps={STEPS}", env=env)
+    jid = slurm_cluster.sbatch(
+        *SMALL,
+        f"--output={out}",
+        "slurm/pretrain_base.sh",
+        "--set",
+        f"data.corpora.0.path={data}",
+        "--set",
+        f"train.train_steps={STEPS}",
+        env=env,
+    )
     return jid, run_dir, out
 
 
@@ -59,16 +70,54 @@ def pretrain_job(slurm_cluster, tmp: Path, name: str, data: Path) -> tuple[str, 
 def test_prep_data_array_matches_single_process(slurm_cluster, tmp_path):
     from data_prep import minilm_vocab
 
-    args = [*books(), "--tokenizer", str(minilm_vocab()), "--unit-size", "48K", "--shard-tokens", "30000",
-            "--valid-fraction", "0.05", "--no-progress"]
+    args = [
+        *books(),
+        "--tokenizer",
+        str(minilm_vocab()),
+        "--unit-size",
+        "48K",
+        "--shard-tokens",
+        "30000",
+        "--valid-fraction",
+        "0.05",
+        "--no-progress",
+    ]
     env = slurm_cluster.env(PREP_TASKS=3)
-    r = subprocess.run(["bash", "slurm/prep_data.sh", "submit", "-c", "1", "-t", "10", f"--chdir={tmp_path}", "--",
-                        *args, "--output", str(tmp_path / "array")], capture_output=True, text=True, timeout=60,
-                       cwd=REPO, env=env)
+    r = subprocess.run(
+        [
+            "bash",
+            "slurm/prep_data.sh",
+            "submit",
+            "-c",
+            "1",
+            "-t",
+            "10",
+            f"--chdir={tmp_path}",
+            "--",
+            *args,
+            "--output",
+            str(tmp_path / "array"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=env,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     array_id, fin_id = r.stdout.split()
-    single_id = slurm_cluster.sbatch("-c", "1", "-t", "10", f"--chdir={tmp_path}", "slurm/prep_data.sh", *args,
-                                     "--output", str(tmp_path / "single"), env=env)
+    single_id = slurm_cluster.sbatch(
+        "-c",
+        "1",
+        "-t",
+        "10",
+        f"--chdir={tmp_path}",
+        "slurm/prep_data.sh",
+        *args,
+        "--output",
+        str(tmp_path / "single"),
+        env=env,
+    )
     tasks = slurm_cluster.wait_array_final(array_id, 3, timeout=400)
     assert [tasks[t]["JobState"] for t in range(3)] == ["COMPLETED"] * 3, slurm_cluster.diagnose(array_id)
     slurm_cluster.wait_state(fin_id, "COMPLETED", timeout=200)
@@ -80,8 +129,13 @@ def test_prep_data_array_matches_single_process(slurm_cluster, tmp_path):
     assert [json.loads(p.read_text())["task"] for p in records] == [0, 1, 2]
     assert (arr / "manifest.json").read_bytes() == (single / "manifest.json").read_bytes()
     assert shard_hashes(arr) == shard_hashes(single) and len(shard_hashes(arr)) >= 4
-    v = subprocess.run([str(REPO / ".venv/bin/python"), "-m", "data_prep", "verify", str(arr)], capture_output=True,
-                       text=True, timeout=120, cwd=REPO)
+    v = subprocess.run(
+        [str(REPO / ".venv/bin/python"), "-m", "data_prep", "verify", str(arr)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert v.returncode == 0, v.stdout + v.stderr
 
 
@@ -108,9 +162,13 @@ def test_pretrain_base_tiny_cpu_completes(reference_run):
 def test_pretrain_base_preempted_resumes_with_identical_losses(slurm_cluster, reference_run, tiny_corpus, tmp_path):
     _, ref_dir, _ = reference_run
     jid, run_dir, out = pretrain_job(slurm_cluster, tmp_path, "preempted", tiny_corpus)
-    slurm_cluster.wait_until("step 2 in metrics.jsonl",
-                             lambda: (run_dir / "metrics.jsonl").is_file() and max(metrics_by_step(run_dir)) >= 2,
-                             timeout=600, job_id=jid, poll=0.1)
+    slurm_cluster.wait_until(
+        "step 2 in metrics.jsonl",
+        lambda: (run_dir / "metrics.jsonl").is_file() and max(metrics_by_step(run_dir)) >= 2,
+        timeout=600,
+        job_id=jid,
+        poll=0.1,
+    )
     r = subprocess.run(["scancel", "-b", "-s", "USR1", jid], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     rec = slurm_cluster.wait_state(jid, "COMPLETED", timeout=700)

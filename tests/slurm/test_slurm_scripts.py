@@ -10,9 +10,7 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = sorted(
-    [*(REPO / "slurm").glob("*.sh"), *(REPO / "tests" / "slurm").glob("*.sh"), REPO / ".ci" / "run"]
-)
+SCRIPTS = sorted([*(REPO / "slurm").glob("*.sh"), *(REPO / "tests" / "slurm").glob("*.sh"), REPO / ".ci" / "run"])
 IDS = [str(p.relative_to(REPO)) for p in SCRIPTS]
 
 
@@ -24,8 +22,9 @@ def sbatch_directives(path: Path) -> list[str]:
 def shellcheck() -> str:
     exe = shutil.which("shellcheck")
     if exe is None and os.geteuid() == 0:  # as in CI: install the missing Debian packages
-        r = subprocess.run(["bash", str(REPO / "tests/slurm/local_cluster.sh"), "install"],
-                           capture_output=True, text=True, timeout=900)
+        r = subprocess.run(
+            ["bash", str(REPO / "tests/slurm/local_cluster.sh"), "install"], capture_output=True, text=True, timeout=900
+        )
         assert r.returncode == 0, f"local_cluster.sh install failed:\n{r.stdout}{r.stderr}"
         exe = shutil.which("shellcheck")
     assert exe, "shellcheck is missing: apt-get install shellcheck (or run tests/slurm/local_cluster.sh install)"
@@ -34,8 +33,15 @@ def shellcheck() -> str:
 
 def test_scripts_found():
     names = {p.name for p in SCRIPTS}
-    assert {"common.sh", "pretrain_base.sh", "pretrain_large.sh", "prep_data.sh", "finetune_glue.sh",
-            "local_cluster.sh", "run"} <= names
+    assert {
+        "common.sh",
+        "pretrain_base.sh",
+        "pretrain_large.sh",
+        "prep_data.sh",
+        "finetune_glue.sh",
+        "local_cluster.sh",
+        "run",
+    } <= names
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=IDS)
@@ -47,16 +53,23 @@ def test_bash_syntax(script):
 @pytest.mark.parametrize("script", SCRIPTS, ids=IDS)
 def test_shellcheck(script, shellcheck):
     # -x follows `source` (the scripts point shellcheck at slurm/common.sh with a source= directive)
-    r = subprocess.run([shellcheck, "-x", "-S", "style", str(script)], capture_output=True, text=True,
-                       timeout=60, cwd=REPO)
+    r = subprocess.run(
+        [shellcheck, "-x", "-S", "style", str(script)], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("name", ["pretrain_base.sh", "pretrain_large.sh"])
 def test_pretrain_defaults(name):
     d = sbatch_directives(REPO / "slurm" / name)
-    for want in ["--nodes=8", "--ntasks-per-node=8", "--gpus-per-node=8", "--requeue", "--signal=B:USR1@300",
-                 "--open-mode=append"]:
+    for want in [
+        "--nodes=8",
+        "--ntasks-per-node=8",
+        "--gpus-per-node=8",
+        "--requeue",
+        "--signal=B:USR1@300",
+        "--open-mode=append",
+    ]:
         assert want in d, f"{name}: missing #SBATCH {want}"
 
 
@@ -82,8 +95,9 @@ def test_prep_data_has_no_array_directive():
 
 def test_finetune_list_matches_default_array():
     env = {k: v for k, v in os.environ.items() if k not in ("TASKS", "SEEDS")}
-    r = subprocess.run(["bash", "slurm/finetune_glue.sh", "list"], capture_output=True, text=True, timeout=30,
-                       cwd=REPO, env=env)
+    r = subprocess.run(
+        ["bash", "slurm/finetune_glue.sh", "list"], capture_output=True, text=True, timeout=30, cwd=REPO, env=env
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) == 40 and lines[0] == "0 cola 1" and lines[-1] == "39 rte 5"
