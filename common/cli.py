@@ -5,13 +5,15 @@
   ... where a command reads more than one set);
 - booleans are `--x` / `--no-x` (`argparse.BooleanOptionalAction`);
 - defaults and choices come from the config dataclasses (`config_argument`), so `--help` and the config agree;
-- a `UserError` prints `PROG: error: MESSAGE` and exits 2 (`run_command`); Ctrl-C exits 130.
+- a `UserError` prints `PROG: error: MESSAGE` and exits 2 (`run_command`); Ctrl-C exits 130; `--debug` (or
+  `ELASTICBERT_DEBUG=1`) shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -20,11 +22,24 @@ from .config import field_types, literal_choices, strip_optional
 from .errors import EXIT_INTERRUPTED, UserError
 
 
-def run_command(prog: str, func: Callable[[], int | None]) -> int:
-    """Run a command's body; map user errors and Ctrl-C to their exit codes with a message instead of a traceback."""
+def add_debug(parser: argparse.ArgumentParser) -> None:
+    """`--debug`: show the traceback of a user error instead of the one-paragraph message."""
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=os.environ.get("ELASTICBERT_DEBUG", "") == "1",
+        help="show the full traceback of an error (also ELASTICBERT_DEBUG=1)",
+    )
+
+
+def run_command(prog: str, func: Callable[[], int | None], debug: bool = False) -> int:
+    """Run a command's body; map user errors and Ctrl-C to their exit codes with a message instead of a traceback
+    (`debug` re-raises, for a bug report)."""
     try:
         return int(func() or 0)
     except UserError as err:
+        if debug:
+            raise
         print(f"{prog}: error: {err}", file=sys.stderr, flush=True)
         return err.exit_code
     except KeyboardInterrupt:

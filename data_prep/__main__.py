@@ -21,7 +21,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from common.cli import add_output, config_argument, run_command
+from common.cli import add_debug, add_output, config_argument, run_command
 from common.errors import UserError
 
 from .errors import DataPrepError
@@ -169,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m data_prep",
         description="Corpus -> tokenizer -> sharded memory-mapped token files (.bin/.idx) -> manifest.",
     )
+    add_debug(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_train_tokenizer(sub)
     _add_tokenize(sub)
@@ -297,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m data_prep` and the `elasticbert-data` console script."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="data_prep: %(message)s", stream=sys.stderr)
-    return run_command(PROG, lambda: _one_line_errors(COMMANDS[args.command], args))
+    return run_command(PROG, lambda: _one_line_errors(COMMANDS[args.command], args), debug=args.debug)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from common.cli import run_command
+from common.cli import add_debug, run_command
 
 from . import diagnostics, elue, evaluation, submission, train_cli
 from .early_exit import cli as early_exit_cli
@@ -20,6 +20,7 @@ COMMAND_MODULES = (train_cli, evaluation, diagnostics, early_exit_cli, elue, sub
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="finetune", description="ElasticBERT GLUE/ELUE fine-tuning")
+    add_debug(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:
         module.add_subparser(subparsers)
@@ -32,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return run_command(parser.prog, lambda: args.func(args))
+    return run_command(parser.prog, lambda: args.func(args), debug=args.debug)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from itertools import zip_longest
 from pathlib import Path
 
-from common.cli import add_output, config_argument, run_command
+from common.cli import add_debug, add_output, config_argument, run_command
 
 from .config import CheckpointConfig, load_config
 
@@ -38,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m pretrain", description="ElasticBERT multi-exit pre-training")
     # the deepspeed launcher inserts --local_rank=N before the subcommand (LOCAL_RANK is read from the environment)
     ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    add_debug(ap)
     sub = ap.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train (resumes from OUTPUT/checkpoints/latest when there is one)")
@@ -160,7 +161,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 def main(argv: list[str] | None = None) -> int:
     """Parse and run one command; user errors exit 2 with `pretrain: error: ...` (common.cli.run_command)."""
     args = _parser().parse_args(argv)
-    return run_command("pretrain", lambda: COMMANDS[args.command](args))
+    return run_command("pretrain", lambda: COMMANDS[args.command](args), debug=args.debug)
 
 
 if __name__ == "__main__":
