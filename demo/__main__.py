@@ -10,6 +10,8 @@ Every stage runs the project's own command-line tools (printed before they run, 
   6. report      PNGs + summary.md + TensorBoard logs in one folder
 
 DEMO_SCALE=small (default, ≤ 15 min here) or medium; DEMO_OUT chooses the folder (default demo_out/).
+Data: ../shared/data when present, else GLUE SST-2 + WikiText-2 from the Hugging Face hub (fetched once into its
+cache), else a toy fallback that the console and the report label as such (demo/data.py).
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.dist import free_port
+from demo.data import HOW_TO_GET_REAL_DATA, demo_data
 from elasticbert import minilm_dir
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data"
 
 
 @dataclass(frozen=True)
@@ -73,49 +75,6 @@ def run(cmd: list[str], log: Path | None = None, env: dict | None = None) -> Non
 
 def tail(path: Path, n: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-n:]) if path.exists() else ""
-
-
-def corpus_inputs(scale: Scale, out: Path) -> tuple[list[str], str]:
-    """Gutenberg books from ../shared/data when present; else a corpus made offline from the English texts that
-    installed packages ship (READMEs, licences): real prose, no download."""
-    books = sorted((SHARED / "corpus" / "gutenberg").glob("*.txt"))
-    if books:
-        picked = [str(p) for p in books[: scale.books]]
-        return picked, f"{len(picked)} Project Gutenberg books from {SHARED / 'corpus' / 'gutenberg'}"
-    import site
-
-    fallback = out / "fallback_corpus.txt"
-    texts = []
-    for root in site.getsitepackages():
-        for path in sorted(Path(root).glob("*.dist-info/METADATA"))[:400]:
-            body = path.read_text(errors="replace").split("\n\n", 1)[-1]
-            if len(body.split()) > 200:
-                texts.append(body.strip())
-    fallback.write_text("\n\n".join(texts), encoding="utf-8")
-    return [str(fallback)], f"fallback corpus: package descriptions of installed Python packages ({fallback})"
-
-
-def glue_task(scale: Scale, out: Path) -> tuple[str, str, str]:
-    """(task, data dir, description): SST-2 from ../shared/data/glue when present, else a tiny sentiment task in
-    SST-2 format generated from templates here (no download)."""
-    glue = SHARED / "glue"
-    if (glue / "SST-2" / "train.tsv").is_file():
-        return "SST-2", str(glue), f"GLUE SST-2 from {glue} ({scale.train_examples} training sentences)"
-    import random
-
-    rng = random.Random(0)
-    subjects = ["the film", "this book", "the meal", "our trip", "the concert", "the new phone", "the service"]
-    good = ["was wonderful", "felt warm and funny", "is a delight", "exceeded every hope", "was simply great"]
-    bad = ["was dreadful", "felt dull and slow", "is a mess", "disappointed everyone", "was simply awful"]
-    task_dir = out / "tiny_task" / "SST-2"
-    task_dir.mkdir(parents=True)
-    for split, n in (("train", 400), ("dev", 120)):
-        rows = ["sentence\tlabel"]
-        for _ in range(n):
-            label = rng.randint(0, 1)
-            rows.append(f"{rng.choice(subjects)} {rng.choice(good if label else bad)} .\t{label}")
-        (task_dir / f"{split}.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    return "SST-2", str(task_dir.parent), f"a tiny template sentiment task in {task_dir} (../shared/data/glue absent)"
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -234,8 +193,16 @@ def main(argv: list[str] | None = None) -> None:
     py = sys.executable
     summary: dict = {"scale": args.scale}
 
-    # 1. data
-    inputs, source = corpus_inputs(scale, out)
+    # 1. data: ../shared/data, else the Hugging Face hub (cached), else a labelled toy fallback
+    data_source = demo_data(out, scale.books, scale.train_examples)
+    summary["data_origin"] = data_source.origin
+    if data_source.is_toy:
+        print(
+            f"\ndemo: WARNING: no real data here — running on TOY data, so the scores below mean nothing; "
+            f"{HOW_TO_GET_REAL_DATA}",
+            flush=True,
+        )
+    inputs, source = data_source.corpus, data_source.corpus_source
     say("1 data_prep", f"tokenising {source} with the bert-base-uncased vocab (MiniLM package), 2 workers")
     data = out / "data"
     vocab = str(minilm_dir() / "vocab.txt")
@@ -269,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     run([py, "-m", "pretrain", "export", "--checkpoint", str(out / "pretrain" / "checkpoints"), "--output", str(hf)])
 
     # 4. fine-tuning: 2ST, MHA exits, ACL-CL
-    task, glue_dir, task_source = glue_task(scale, out)
+    task, glue_dir, task_source = "SST-2", data_source.glue_dir, data_source.task_source
     say("4 finetune", f"2ST fine-tuning with MHA exits at every layer and ACL-CL on {task_source}")
     ft = out / "finetune"
     run(

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import matplotlib
 
+from demo.data import HOW_TO_GET_REAL_DATA
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -100,9 +102,20 @@ def write_report(out: Path, records: list[dict], summary: dict, seconds: float) 
 
     ft = summary["finetune"]
     elue = summary["early_exit"]
+    toy = summary.get("data_origin") == "toy"
     lines = [
         "# ElasticBERT demo report",
         "",
+        *(
+            [
+                "> **TOY DATA.** No real corpus or GLUE task was available, so this run used installed packages' "
+                "descriptions and template sentences: every stage ran, but no score here means anything. "
+                f"To get the real demo, {HOW_TO_GET_REAL_DATA}.",
+                "",
+            ]
+            if toy
+            else []
+        ),
         f"Scale `{summary['scale']}`, {seconds / 60:.1f} minutes on this machine.",
         "",
         "## 1. Data",

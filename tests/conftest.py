@@ -1,7 +1,40 @@
-"""Shared by every test folder: `tests/support` (helpers such as a hand-made Hugging Face hub cache) on sys.path,
-since the tests run with --import-mode=importlib."""
+"""Shared by every test folder.
+
+- `tests/support` (hub cache, fault injection, requirements) is put on sys.path: tests run with
+  --import-mode=importlib.
+- The skip policy (tests/support/requirements.py): outside CI, a test whose machine lacks ../shared/data, Slurm or
+  a tool skips with a reason tagged [needs-data] / [needs-slurm] / [needs-tool]; inside CI (`CI=true`) such a skip
+  fails the session, so a green CI run has run them all.
+"""
 
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent / "support"))
+
+from requirements import ENFORCED_TAGS, in_ci  # noqa: E402
+
+_enforced_skips: list[str] = []
+
+
+def pytest_runtest_logreport(report):  # noqa: ANN001, ANN201 - pytest hook
+    if report.skipped and isinstance(report.longrepr, tuple):
+        reason = str(report.longrepr[2])
+        if any(tag in reason for tag in ENFORCED_TAGS):
+            _enforced_skips.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_sessionfinish(session, exitstatus):  # noqa: ANN001, ANN201 - pytest hook
+    if in_ci() and _enforced_skips and exitstatus == 0:
+        session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ANN001, ANN201 - pytest hook
+    if not _enforced_skips:
+        return
+    if in_ci():
+        terminalreporter.section("CI: tests skipped for a missing requirement (this fails the run)", red=True)
+    else:
+        terminalreporter.section("skipped for a missing requirement (CI runs them all)")
+    for line in _enforced_skips:
+        terminalreporter.write_line(line)

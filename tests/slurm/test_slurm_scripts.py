@@ -27,7 +27,8 @@ def shellcheck() -> str:
         )
         assert r.returncode == 0, f"local_cluster.sh install failed:\n{r.stdout}{r.stderr}"
         exe = shutil.which("shellcheck")
-    assert exe, "shellcheck is missing: apt-get install shellcheck (or run tests/slurm/local_cluster.sh install)"
+    if exe is None:
+        pytest.skip("[needs-tool] shellcheck is missing: apt-get install shellcheck (as root, the tests install it)")
     return exe
 
 

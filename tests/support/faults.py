@@ -1,0 +1,45 @@
+"""Fault-injection helpers shared by tests/faults: a small filesystem that fills up, and byte flips."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size: str = "2m") -> Iterator[Path]:
+    """Mount a tmpfs of `size` at `path` for the block (root only; the test is skipped with the reason otherwise), so
+    that writes fail with ENOSPC exactly as on a full disk."""
+    if os.geteuid() != 0:
+        pytest.skip("[needs-root] a disk-full test mounts a small tmpfs")
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"[needs-root] cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def flip_bytes(path: Path, offset: int | None = None, count: int = 16) -> None:
+    """XOR `count` bytes of `path` with 0xFF (in the middle of the file unless `offset`): a silent bit-rot."""
+    data = bytearray(path.read_bytes())
+    start = len(data) // 2 if offset is None else offset
+    for i in range(start, min(start + count, len(data))):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def truncate(path: Path, keep: float = 0.5) -> None:
+    """Cut `path` to `keep` of its size: a write interrupted by a crash or a full disk."""
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.truncate(int(size * keep))
