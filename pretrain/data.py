@@ -2,9 +2,9 @@
 
 - `build_sample_index`: per document, consecutive sentences packed up to a target length (max_seq_len - 3, or with
   probability short_seq_prob a shorter random one). Row = (doc, first sentence, end sentence, target length).
-  Deterministic given (corpus, max_seq_len, short_seq_prob, seed), cached as .npy beside the data (written
-  atomically, `common.io.atomic_path`).
-  Every rank that misses the cache builds it itself, in memory, deterministically: no rank waits on another.
+  Deterministic given (corpus, max_seq_len, short_seq_prob, seed). Built once per job by rank 0 — shard by shard,
+  vectorised over documents, streamed to a .npy beside the data (temp + rename, then a sidecar with its crc32) —
+  and memmapped by every rank; the other ranks wait for it (`load_or_build_index`).
 - `PretrainingDataset[i]`: an RNG seeded by (seed, corpus, i) picks the A/B split, the swap (SOP label), the
   truncation and the masking, so sample i is the same whatever the number of workers, ranks or restarts.
 - `SampleOrder`: global position p (= consumed_samples + offset) -> (corpus, sample); corpora blended by weight,
@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+import os
+import struct
+import time
+import zlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,9 +27,15 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from common.io import atomic_path
+from common.dist import resolve_env
+from common.errors import UserError
+from common.io import atomic_path, atomic_write_json
 
-INDEX_VERSION = 1
+from .stateless_random import Permutation, mix, splitmix64, uniform
+
+# 2: targets are a pure function of (seed, doc, sample number) — counter-based, not a sequential RNG stream — so the
+# index is built shard by shard, vectorised over documents; epoch shuffles are `Permutation`s, not stored tables.
+INDEX_VERSION = 2
 IGNORE_INDEX = -100
 
 
@@ -46,40 +56,153 @@ class Corpus(Protocol):
 # ---------------------------------------------------------------------------------------------------- sample index
 
 
+def corpus_shards(corpus: Corpus) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+    """(first global doc, first global sentence, sentence lengths, local doc boundaries) per shard.
+
+    A `PreparedCorpus` yields its shards' memmaps one at a time, so the index builder never holds more than one
+    shard's arrays; any other corpus (a fake in the tests) is one shard made of its global arrays.
+    """
+    if hasattr(corpus, "shard_arrays"):
+        yield from corpus.shard_arrays()
+        return
+    yield 0, 0, np.asarray(corpus.sentence_lengths), np.asarray(corpus.doc_boundaries)
+
+
+def sample_targets(seed: int, max_seq_len: int, short_seq_prob: float, docs: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Target length of the k-th sample of each document: max_seq_len - 3, or with probability short_seq_prob a
+    uniform length in [2, max_seq_len - 3]. A pure function of (seed, doc, k) — one splitmix64 of (doc << 32 | k)
+    under a seeded prefix; documents < 2^32 — so any builder order gives the same index."""
+    max_tokens = max_seq_len - 3
+    target = np.full(len(docs), max_tokens, dtype=np.int64)
+    if short_seq_prob <= 0:
+        return target
+    prefix = mix(seed, INDEX_VERSION, max_seq_len)
+    with np.errstate(over="ignore"):
+        key = (np.asarray(docs).astype(np.uint64) << np.uint64(32)) | np.asarray(k).astype(np.uint64)
+        h = splitmix64(prefix ^ key)
+        short = uniform(h) < short_seq_prob
+        if short.any():
+            target[short] = 2 + (splitmix64(h[short]) % np.uint64(max_tokens - 1)).astype(np.int64)
+    return target
+
+
+def shard_samples(
+    doc0: int, sent0: int, lengths: np.ndarray, bounds: np.ndarray, max_seq_len: int, short_seq_prob: float, seed: int
+) -> np.ndarray:
+    """The samples of one shard's documents, vectorised over documents: round r packs every document's r-th
+    sample at once (documents are independent), so the Python loop runs once per round, not once per sample."""
+    cum = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=cum[1:])
+    start = np.asarray(bounds[:-1], dtype=np.int64).copy()
+    end = np.asarray(bounds[1:], dtype=np.int64)
+    active = np.flatnonzero(end - start >= 2)
+    columns: list[list[np.ndarray]] = [[], [], [], []]  # doc, first sentence, end sentence, target
+    k = 0
+    while active.size:
+        s, e = start[active], end[active]
+        target = sample_targets(seed, max_seq_len, short_seq_prob, active + doc0, np.full(active.size, k))
+        # smallest j with cum[j] - cum[s] >= target; the sample is sentences [s, j), at least 2, within the doc
+        stop = np.minimum(np.maximum(np.searchsorted(cum, cum[s] + target, side="left"), s + 2), e)
+        stop = np.where(e - stop == 1, e, stop)  # a lone trailing sentence cannot form a pair: give it to this one
+        for column, values in zip(columns, (active, s, stop, target)):
+            column.append(values)
+        start[active] = stop
+        active = active[e - stop >= 2]
+        k += 1
+    if not columns[0]:
+        return np.zeros((0, 4), dtype=np.int64)
+    rows = np.empty((sum(len(c) for c in columns[0]), 4), dtype=np.int64)
+    for j, (column, offset) in enumerate(zip(columns, (doc0, sent0, sent0, 0))):
+        np.concatenate(column, out=rows[:, j])
+        rows[:, j] += offset
+    return rows[np.lexsort((rows[:, 1], rows[:, 0]))]  # document order, and sentence order within a document
+
+
 def build_sample_index(corpus: Corpus, max_seq_len: int, short_seq_prob: float, seed: int) -> np.ndarray:
     """Pack each document's sentences into samples of >= 2 sentences (SOP needs an A and a B).
 
-    Returns int64 [N, 4]: doc, first sentence, end sentence (exclusive), target length in tokens.
-    One pass over documents with a binary search per sample, so cost scales with the number of samples.
+    Returns int64 [N, 4]: doc, first sentence, end sentence (exclusive), target length in tokens, in document
+    order. Each sample takes consecutive sentences until their tokens reach its target (`sample_targets`).
     """
-    max_tokens = max_seq_len - 3
-    lengths = np.asarray(corpus.sentence_lengths, dtype=np.int64)
-    cum = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=cum[1:])
-    bounds = np.asarray(corpus.doc_boundaries, dtype=np.int64)
-    rng = np.random.default_rng([seed, INDEX_VERSION, max_seq_len])
-    rows: list[tuple[int, int, int, int]] = []
-    for doc in range(len(bounds) - 1):
-        start, end = int(bounds[doc]), int(bounds[doc + 1])
-        while end - start >= 2:
-            target = max_tokens
-            if short_seq_prob > 0 and rng.random() < short_seq_prob:
-                target = int(rng.integers(2, max_tokens + 1))
-            # smallest j with cum[j] - cum[start] >= target; the sample is sentences [start, j)
-            j = int(np.searchsorted(cum, cum[start] + target, side="left"))
-            stop = min(max(j, start + 2), end)
-            if end - stop == 1:  # a lone trailing sentence cannot form a pair: give it to this sample
-                stop = end
-            rows.append((doc, start, stop, target))
-            start = stop
-    if not rows:
-        return np.zeros((0, 4), dtype=np.int64)
-    return np.asarray(rows, dtype=np.int64)
+    parts = [shard_samples(*shard, max_seq_len, short_seq_prob, seed) for shard in corpus_shards(corpus)]
+    return np.concatenate(parts) if parts else np.zeros((0, 4), dtype=np.int64)
 
 
 def index_key(corpus: Corpus, split: str, max_seq_len: int, short_seq_prob: float, seed: int) -> str:
     blob = json.dumps([INDEX_VERSION, corpus.manifest_hash, split, max_seq_len, short_seq_prob, seed])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class IndexWaitTimeout(UserError):
+    """Rank 0 did not publish the sample index in time (it failed, or the cache is not on a shared filesystem)."""
+
+
+NPY_HEADER_BYTES = 128  # fixed, so the row count can be written after the rows are (streaming write)
+
+
+def _npy_header(rows: int) -> bytes:
+    """A .npy v1.0 header for int64 [rows, 4], padded to NPY_HEADER_BYTES (np.load reads it as usual)."""
+    text = f"{{'descr': '<i8', 'fortran_order': False, 'shape': ({rows}, 4), }}"
+    body_len = NPY_HEADER_BYTES - 10
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", body_len) + text.ljust(body_len - 1).encode("latin1") + b"\n"
+
+
+def write_sample_index(
+    corpus: Corpus, path: Path, max_seq_len: int, short_seq_prob: float, seed: int
+) -> dict[str, Any]:
+    """Build the index shard by shard, streaming rows to `path` (temp + rename): memory is one shard's arrays and
+    samples, whatever the corpus size. Returns the sidecar record (rows, crc32) that `publish` writes."""
+    crc, rows = 0, 0
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(_npy_header(0))
+        for shard in corpus_shards(corpus):
+            part = np.ascontiguousarray(shard_samples(*shard, max_seq_len, short_seq_prob, seed), dtype="<i8")
+            crc = zlib.crc32(part.data, crc)
+            rows += len(part)
+            f.write(part.data)
+        f.seek(0)
+        f.write(_npy_header(rows))
+    return {"version": INDEX_VERSION, "rows": rows, "crc32": crc, "file": path.name}
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".json")
+
+
+def read_published_index(path: Path, verify: bool = True) -> np.ndarray | None:
+    """The index at `path` as a read-only memmap if its sidecar says it is complete and (with `verify`) its crc32
+    matches; None when absent, half-written or corrupt (the caller rebuilds or waits)."""
+    try:
+        meta = json.loads(_sidecar(path).read_text(encoding="utf-8"))
+        index = np.load(path, mmap_mode="r")
+    except (OSError, ValueError):
+        return None
+    if index.ndim != 2 or index.shape[1] != 4 or len(index) != meta.get("rows") or meta.get("version") != INDEX_VERSION:
+        return None
+    if verify and zlib.crc32(np.ascontiguousarray(index).data) != meta.get("crc32"):
+        return None
+    return index
+
+
+def _wait_for_index(path: Path, timeout_s: float, log: Callable[[str], None]) -> np.ndarray:
+    """Poll for the index rank 0 publishes; a clear error instead of rebuilding when it never comes."""
+    start = time.monotonic()
+    next_note = start + 30
+    while True:
+        index = read_published_index(path)
+        if index is not None:
+            return index
+        now = time.monotonic()
+        if now - start > timeout_s:
+            raise IndexWaitTimeout(
+                f"{path}: the sample index did not appear within {timeout_s:.0f} s. Rank 0 builds it; it may have "
+                "failed (see its log), or this cache directory is not on a filesystem every node shares (set "
+                "data.index_cache_dir to one). `python -m pretrain build-index --config ...` builds it ahead of time."
+            )
+        if now >= next_note:
+            log(f"waiting for rank 0 to build the sample index {path} ({now - start:.0f} s)")
+            next_note = now + 60
+        time.sleep(0.5)
 
 
 def load_or_build_index(
@@ -89,33 +212,51 @@ def load_or_build_index(
     short_seq_prob: float,
     seed: int,
     cache_dirs: Sequence[Path],
+    builder: bool | None = None,
+    wait_timeout_s: float = 3600.0,
+    log: Callable[[str], None] = print,
 ) -> tuple[np.ndarray, Path | None, bool]:
-    """The cached index if any cache dir has it, else build it and try to write it (first writable dir).
+    """The sample index, built once per job and memmapped by every rank.
 
-    Returns (index, path it lives at or None, built_now). Writing is temp + rename; concurrent writers write the
-    same bytes, so whichever rename lands last is still correct.
+    A published index (.npy + .json sidecar with its row count and crc32) in any cache dir is used as it is (a
+    half-written or corrupt one is rebuilt, never used). Otherwise the builder — global rank 0 unless `builder`
+    says otherwise — writes it to the first writable cache dir (temp + rename, then the sidecar), while the other
+    ranks wait for it (up to `wait_timeout_s`, with a progress line and then a clear error) instead of rebuilding.
+    With no writable cache dir the builder keeps the index in memory. Returns (index, path or None, built_now).
     """
+    if builder is None:
+        builder = resolve_env(export=False).rank == 0
     name = f"sample_index_{split}_{index_key(corpus, split, max_seq_len, short_seq_prob, seed)}.npy"
     for d in cache_dirs:
-        path = Path(d) / name
-        if path.is_file():
-            try:
-                index = np.load(path, mmap_mode="r")
-                if index.ndim == 2 and index.shape[1] == 4:
-                    return index, path, False
-            except (ValueError, OSError):
-                pass  # unreadable cache: rebuild below
-    index = build_sample_index(corpus, max_seq_len, short_seq_prob, seed)
+        index = read_published_index(Path(d) / name)
+        if index is not None:
+            return index, Path(d) / name, False
+    if not builder:
+        return (
+            _wait_for_index(_first_writable(cache_dirs, name) or Path(cache_dirs[0]) / name, wait_timeout_s, log),
+            _first_writable(cache_dirs, name),
+            False,
+        )
+    path = _first_writable(cache_dirs, name)
+    if path is None:
+        return build_sample_index(corpus, max_seq_len, short_seq_prob, seed), None, True
+    _sidecar(path).unlink(missing_ok=True)  # an old, corrupt publication must not be read while we rebuild
+    meta = write_sample_index(corpus, path, max_seq_len, short_seq_prob, seed)
+    atomic_write_json(_sidecar(path), meta)
+    return np.load(path, mmap_mode="r"), path, True
+
+
+def _first_writable(cache_dirs: Sequence[Path], name: str) -> Path | None:
+    """`dir/name` in the first cache dir that exists or can be created and is writable."""
     for d in cache_dirs:
-        path = Path(d) / name
+        d = Path(d)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_path(path) as tmp, open(tmp, "wb") as f:
-                np.save(f, index)
-            return index, path, True
+            d.mkdir(parents=True, exist_ok=True)
         except OSError:
             continue
-    return index, None, True
+        if os.access(d, os.W_OK):
+            return d / name
+    return None
 
 
 # ------------------------------------------------------------------------------------------------- tokenizer facts
@@ -334,17 +475,17 @@ class SampleOrder:
             for k in np.argsort(-remainder, kind="stable")[: block - counts.sum()]:
                 counts[k] += 1
             self.counts = counts
-        self._perm_cache: dict[tuple[int, int], np.ndarray] = {}
+        self._perm_cache: dict[tuple[int, int], Permutation] = {}
         self._block_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
-    def permutation(self, corpus: int, epoch: int) -> np.ndarray:
+    def permutation(self, corpus: int, epoch: int) -> Permutation:
+        """Epoch `epoch`'s shuffle of corpus `corpus`: a seeded bijection computed per position, never a table."""
         key = (corpus, epoch)
         perm = self._perm_cache.get(key)
         if perm is None:
-            if len(self._perm_cache) >= 2 * len(self.sizes):
+            if len(self._perm_cache) >= 4 * len(self.sizes):
                 self._perm_cache.pop(next(iter(self._perm_cache)))
-            perm = np.random.default_rng([self.seed, 7, corpus, epoch]).permutation(self.sizes[corpus])
-            self._perm_cache[key] = perm
+            perm = self._perm_cache[key] = Permutation(self.sizes[corpus], mix(self.seed, 7, corpus, epoch))
         return perm
 
     def _blend_block(self, b: int) -> tuple[np.ndarray, np.ndarray]:
@@ -383,7 +524,7 @@ class SampleOrder:
         epochs, offs = np.divmod(draw, sizes[corpus])
         for k, e in {(int(k), int(e)) for k, e in zip(corpus.tolist(), epochs.tolist())}:
             sel = (corpus == k) & (epochs == e)
-            sample[sel] = self.permutation(k, e)[offs[sel]]
+            sample[sel] = self.permutation(k, e)(offs[sel])
         return corpus, sample
 
 
