@@ -14,6 +14,7 @@ from transformers import (
 from .configuration import ElasticBertConfig
 from .gradient_equilibrium import equilibrium_weights, rescale_gradient
 from .loading import CheckpointError, LoadReport, load_pretrained, minilm_dir
+from .model_card import write_model_card
 from .modeling import (
     ElasticBertForPreTraining,
     ElasticBertForSequenceClassification,
@@ -40,4 +41,5 @@ __all__ = [
     "load_pretrained",
     "minilm_dir",
     "rescale_gradient",
+    "write_model_card",
 ]

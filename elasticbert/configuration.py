@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 from transformers import PretrainedConfig
 
-EXIT_TYPES = ("linear", "mha")
+ExitType = Literal["linear", "mha"]
+PositionIdsStyle = Literal["bert", "roberta"]
+EXIT_TYPES = get_args(ExitType)
+POSITION_IDS_STYLES = get_args(PositionIdsStyle)
 
 
 class ElasticBertConfig(PretrainedConfig):
@@ -15,8 +19,19 @@ class ElasticBertConfig(PretrainedConfig):
     Field names follow `BertConfig` (so plain BERT configs convert field for field) and the released
     `fnlp/elasticbert-base` config (`max_output_layers`, `num_output_layers`).
 
+    Backbone family fields (what differs between BERT and RoBERTa-style checkpoints, so an exported model reproduces
+    the backbone it came from):
+        position_ids_style: "bert" (positions 0..T-1 in every row) or "roberta" (computed from `input_ids` exactly as
+            `RobertaEmbeddings` does: pad_token_id + 1 + the running count of non-pad tokens, pads at pad_token_id;
+            the longest input is then max_position_embeddings - pad_token_id - 1, see `max_sequence_length`).
+        type_vocab_size: 2 for BERT, 1 for RoBERTa (one token type).
+        position_embedding_type: only "absolute" (kept because BERT and the released ElasticBERT configs carry it;
+            relative position embeddings are refused rather than silently ignored).
+
     Exit fields (used by the fine-tuning model):
-        exit_layers: 1-based layers that carry a classifier exit; default: the last layer only.
+        exit_layers: 1-based layers that carry a classifier exit; default: the last layer only, or, for a config in
+            the released ElasticBERT layout (`num_output_layers` given, no `exit_layers`), its last
+            `num_output_layers` layers, as the official fine-tuning code places its `classifiers`.
         exit_type: "linear" (per-layer pooler + Linear) or "mha" (Linear(H, d_e) -> tanh -> multi-head attention
             from [CLS] over the sequence -> tanh -> Linear(d_e, K)).
         exit_mha_dim / exit_mha_heads: d_e and the number of heads of the MHA exit.
@@ -42,11 +57,13 @@ class ElasticBertConfig(PretrainedConfig):
         max_output_layers: int | None = None,
         num_output_layers: int | None = None,
         exit_layers: Sequence[int] | None = None,
-        exit_type: str = "linear",
+        exit_type: ExitType = "linear",
         exit_mha_dim: int = 64,
         exit_mha_heads: int = 4,
         classifier_dropout: float | None = None,
         tie_word_embeddings: bool = True,
+        position_ids_style: PositionIdsStyle = "bert",
+        position_embedding_type: str = "absolute",
         **kwargs: object,
     ) -> None:
         super().__init__(pad_token_id=pad_token_id, **kwargs)
@@ -58,6 +75,15 @@ class ElasticBertConfig(PretrainedConfig):
             )
         if exit_type not in EXIT_TYPES:
             raise ValueError(f"ElasticBertConfig: exit_type={exit_type!r}; expected one of {EXIT_TYPES}")
+        if position_ids_style not in POSITION_IDS_STYLES:
+            raise ValueError(
+                f"ElasticBertConfig: position_ids_style={position_ids_style!r}; expected one of {POSITION_IDS_STYLES}"
+            )
+        if position_embedding_type != "absolute":
+            raise ValueError(
+                f"ElasticBertConfig: position_embedding_type={position_embedding_type!r} is not supported "
+                "(only 'absolute' position embeddings)"
+            )
         if exit_mha_dim % exit_mha_heads:
             raise ValueError(
                 f"ElasticBertConfig: exit_mha_dim={exit_mha_dim} is not a multiple of exit_mha_heads={exit_mha_heads}"
@@ -74,9 +100,13 @@ class ElasticBertConfig(PretrainedConfig):
         self.type_vocab_size = type_vocab_size
         self.initializer_range = initializer_range
         self.layer_norm_eps = layer_norm_eps
+        self.position_ids_style = position_ids_style
+        self.position_embedding_type = position_embedding_type
         self.max_output_layers = max_output_layers if max_output_layers is not None else num_hidden_layers
+        if not exit_layers:
+            exit_layers = official_exit_layers(num_hidden_layers, num_output_layers)
         self.num_output_layers = num_output_layers if num_output_layers is not None else num_hidden_layers
-        self.exit_layers = validate_exit_layers(exit_layers or [num_hidden_layers], num_hidden_layers)
+        self.exit_layers = validate_exit_layers(exit_layers, num_hidden_layers)
         self.exit_type = exit_type
         self.exit_mha_dim = exit_mha_dim
         self.exit_mha_heads = exit_mha_heads
@@ -85,6 +115,23 @@ class ElasticBertConfig(PretrainedConfig):
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def position_offset(self) -> int:
+        """Index of the first position embedding a real token uses: 0 for BERT, pad_token_id + 1 for RoBERTa."""
+        return self.pad_token_id + 1 if self.position_ids_style == "roberta" else 0
+
+    @property
+    def max_sequence_length(self) -> int:
+        """The longest input (in tokens, special tokens included) the position embeddings cover."""
+        return self.max_position_embeddings - self.position_offset
+
+
+def official_exit_layers(num_layers: int, num_output_layers: int | None) -> list[int]:
+    """Where the released ElasticBERT code puts its exits: the last `num_output_layers` layers (1 = static, the
+    last layer only; `num_hidden_layers` = an exit at every layer). No count given: the last layer."""
+    count = min(max(int(num_output_layers or 1), 1), num_layers)
+    return list(range(num_layers - count + 1, num_layers + 1))
 
 
 def validate_exit_layers(exit_layers: Sequence[int], num_layers: int) -> list[int]:

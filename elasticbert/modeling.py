@@ -2,16 +2,23 @@
 
 Module and parameter names follow the released `fnlp/elasticbert-base` checkpoints (`elasticbert.embeddings.*`,
 `elasticbert.encoder.layer.{i}.*`, per-layer poolers `elasticbert.encoder.pooler.{i}.dense.*`), so those load with no
-missing or unexpected keys, and plain BERT layers map one to one (see `elasticbert.loading`).
+missing or unexpected keys, and BERT-family layers map one to one (see `elasticbert.layouts` / `elasticbert.loading`).
+RoBERTa-style position ids (`config.position_ids_style`) and a single token type are config choices, so a converted
+RoBERTa reproduces `RobertaModel`.
 
 Two things differ from `transformers.BertModel` on purpose:
 - the forward pass returns the hidden state of every requested exit layer and stops at the deepest one;
 - the MLM head runs only at masked positions (gathered first) and the vocabulary projection of all active exits is one
   matrix product: with 12 exits, dense logits at every token would cost several times the encoder.
+
+Hugging Face conventions hold on every class: `output_hidden_states=True` (embeddings + every computed layer),
+`return_dict=False` (tuples), `labels` -> `loss`, unknown keyword arguments -> TypeError. The classifier's `logits`
+are the deepest exit's [B, K] (what pipelines and `Trainer` read); `exit_logits` are every exit's.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,24 +26,41 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from transformers import PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.utils import ModelOutput
 
 from .configuration import ElasticBertConfig, validate_exit_layers
 from .gradient_equilibrium import equilibrium_weights, rescale_gradient
+from .layouts import official_head_renames
 
 # ----------------------------------------------------------------------------------------------------------- encoder
 
 
 class ElasticBertEmbeddings(nn.Module):
+    """Word + position + token-type embeddings -> LayerNorm -> dropout; positions as BERT or as RoBERTa computes them
+    (`config.position_ids_style`)."""
+
     def __init__(self, config: ElasticBertConfig) -> None:
         super().__init__()
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        roberta = config.position_ids_style == "roberta"
+        self.position_embeddings = nn.Embedding(
+            config.max_position_embeddings, config.hidden_size, padding_idx=config.pad_token_id if roberta else None
+        )
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.padding_idx = config.pad_token_id if roberta else None
+        self.max_sequence_length = config.max_sequence_length
+
+    def default_position_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """BERT: 0..T-1. RoBERTa (fairseq's make_positions, as `RobertaEmbeddings`): padding_idx + 1 + the running
+        count of real tokens, padding_idx at pads, so left or right padding leaves a text's positions unchanged."""
+        if self.padding_idx is None:
+            return torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        real = input_ids.ne(self.padding_idx).int()
+        return (torch.cumsum(real, dim=1).type_as(real) * real).long() + self.padding_idx
 
     def forward(
         self,
@@ -45,12 +69,13 @@ class ElasticBertEmbeddings(nn.Module):
         position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         seq_len = input_ids.shape[1]
-        if seq_len > self.position_embeddings.num_embeddings:
+        if seq_len > self.max_sequence_length:
             raise ValueError(
-                f"sequence length {seq_len} exceeds max_position_embeddings={self.position_embeddings.num_embeddings}"
+                f"sequence length {seq_len} exceeds the {self.max_sequence_length} positions this model covers "
+                f"(max_position_embeddings={self.position_embeddings.num_embeddings})"
             )
         if position_ids is None:
-            position_ids = torch.arange(seq_len, device=input_ids.device).unsqueeze(0)
+            position_ids = self.default_position_ids(input_ids)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
@@ -160,10 +185,14 @@ class ElasticBertEncoder(nn.Module):
 
 
 class ElasticBertPreTrainedModel(PreTrainedModel):
+    """Shared by every ElasticBERT class. Hugging Face conventions hold on each: `output_hidden_states` (embeddings
+    plus every computed layer, as `BertModel`), `return_dict=False` (tuples, `None`s dropped), `labels` -> `loss`;
+    unknown keyword arguments raise TypeError instead of being ignored."""
+
     config_class = ElasticBertConfig
     base_model_prefix = "elasticbert"
     supports_gradient_checkpointing = True
-    _keys_to_ignore_on_load_unexpected = [r"position_ids", r"token_type_ids$"]
+    _keys_to_ignore_on_load_unexpected = [r"position_ids", r"token_type_ids$", r"cls\.predictions\.decoder\.bias$"]
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
@@ -182,12 +211,62 @@ class ElasticBertPreTrainedModel(PreTrainedModel):
     def gradient_checkpointing_disable(self) -> None:
         self._set_gradient_checkpointing(False)
 
+    @classmethod
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: str | os.PathLike, *model_args: object, **kwargs: object
+    ) -> PreTrainedModel:
+        """transformers' loader, plus the released ElasticBERT fine-tuned heads (`classifiers.{i}`, `classifier`)
+        mapped onto our exits through its `key_mapping` hook (the same renames `load_pretrained` applies). The model
+        then saves in our own layout, not in the one it was read from."""
+        if kwargs.get("key_mapping") is None and issubclass(cls, ElasticBertForSequenceClassification):
+            kwargs["key_mapping"] = _official_key_mapping(pretrained_model_name_or_path, kwargs)
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # output_loading_info=True returns a pair
+        model._weight_conversions = []  # transformers would otherwise save back under the official names
+        return loaded
+
+    def _tuple_unless_dict(self, output: ModelOutput, return_dict: bool | None) -> ModelOutput | tuple:
+        wanted = return_dict if return_dict is not None else getattr(self.config, "return_dict", True)
+        return output if wanted else output.to_tuple()
+
+    def _wants_hidden_states(self, output_hidden_states: bool | None, output_attentions: bool | None) -> bool:
+        if output_attentions:
+            raise ValueError(
+                f"{type(self).__name__}: output_attentions=True is not available (attention runs through "
+                "scaled_dot_product_attention, which does not return its weights)"
+            )
+        if output_hidden_states is not None:
+            return bool(output_hidden_states)
+        return bool(getattr(self.config, "output_hidden_states", False))
+
+
+HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "proxies", "token", "revision", "subfolder")
+
+
+def _official_key_mapping(path: str | os.PathLike, kwargs: dict) -> dict[str, str] | None:
+    """The official heads' renames for a classifier read from `path`, or None when they cannot apply (not an
+    ElasticBERT checkpoint, MHA exits, or a config transformers will report on itself)."""
+    try:
+        raw, _ = PretrainedConfig.get_config_dict(path, **{k: kwargs[k] for k in HUB_KWARGS if k in kwargs})
+    except (OSError, ValueError):
+        return None
+    if raw.get("model_type") != "elasticbert":
+        return None
+    config = kwargs.get("config")
+    exit_type = kwargs.get("exit_type") or getattr(config, "exit_type", None) or raw.get("exit_type", "linear")
+    if exit_type != "linear":
+        return None
+    return official_head_renames(int(raw.get("num_hidden_layers", 12)), raw.get("num_output_layers"))
+
 
 @dataclass
 class ElasticBertModelOutput(ModelOutput):
-    """Hidden states at the requested exits (in `exit_layers` order); `last_hidden_state` is the deepest one."""
+    """`last_hidden_state` is the deepest requested exit's; `hidden_states` (with `output_hidden_states`) the
+    embeddings and every layer computed, as `BertModel` returns them; `exit_hidden_states` / `pooled_outputs` the
+    requested exits', in `exit_layers` order."""
 
     last_hidden_state: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
     exit_hidden_states: tuple[torch.Tensor, ...] | None = None
     exit_layers: tuple[int, ...] | None = None
     pooled_outputs: tuple[torch.Tensor, ...] | None = None
@@ -230,36 +309,43 @@ class ElasticBertModel(ElasticBertPreTrainedModel):
         exit_layers: Sequence[int] | None = None,
         gradient_equilibrium: bool = False,
         output_pooled: bool = False,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
         **unused: object,
-    ) -> ElasticBertModelOutput:
+    ) -> ElasticBertModelOutput | tuple:
         if unused:
             raise TypeError(f"ElasticBertModel.forward got unexpected arguments: {sorted(unused)}")
+        all_states = self._wants_hidden_states(output_hidden_states, output_attentions)
         num_layers = self.config.num_hidden_layers
         exits = validate_exit_layers(exit_layers or range(1, num_layers + 1), num_layers)
         weights = equilibrium_weights(exits) if gradient_equilibrium else {}
         attn_mask = attention_mask_for_sdpa(attention_mask)
 
         hidden = self.embeddings(input_ids, token_type_ids, position_ids)
+        computed = [hidden]
         outputs, pooled = [], []
         for index in range(exits[-1]):
             hidden = self.encoder.run_layer(index, hidden, attn_mask)
             layer = index + 1
-            if layer not in exits:
-                continue
-            exit_hidden = hidden
-            if layer in weights:
-                to_head, to_deeper = weights[layer]
-                exit_hidden = rescale_gradient(hidden, to_head)
-                hidden = rescale_gradient(exit_hidden, to_deeper)
-            outputs.append(exit_hidden)
-            if output_pooled:
-                pooled.append(self.encoder.pooler[index](exit_hidden))
-        return ElasticBertModelOutput(
+            if layer in exits:
+                exit_hidden = hidden
+                if layer in weights:
+                    to_head, to_deeper = weights[layer]
+                    exit_hidden = rescale_gradient(hidden, to_head)
+                    hidden = rescale_gradient(exit_hidden, to_deeper)
+                outputs.append(exit_hidden)
+                if output_pooled:
+                    pooled.append(self.encoder.pooler[index](exit_hidden))
+            computed.append(hidden)
+        output = ElasticBertModelOutput(
             last_hidden_state=outputs[-1],
+            hidden_states=tuple(computed) if all_states else None,
             exit_hidden_states=tuple(outputs),
             exit_layers=tuple(exits),
             pooled_outputs=tuple(pooled) if output_pooled else None,
         )
+        return self._tuple_unless_dict(output, return_dict)
 
 
 # ------------------------------------------------------------------------------------------------- pre-training
@@ -303,9 +389,14 @@ class ElasticBertPreTrainingHeads(nn.Module):
 
 @dataclass
 class ElasticBertPreTrainingOutput(ModelOutput):
-    """`loss` = Σ over active exits of (MLM + SOP); the per-exit tensors are detached, in `exit_layers` order."""
+    """With labels: `loss` = Σ over active exits of (MLM + SOP); the per-exit tensors are detached, in `exit_layers`
+    order. Without labels (inference, as `AlbertForPreTraining`): the deepest exit's `prediction_logits` [B, T, V]
+    and `sop_logits` [B, 2]."""
 
     loss: torch.Tensor | None = None
+    prediction_logits: torch.Tensor | None = None
+    sop_logits: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
     exit_layers: tuple[int, ...] | None = None
     mlm_loss: torch.Tensor | None = None
     sop_loss: torch.Tensor | None = None
@@ -315,6 +406,9 @@ class ElasticBertPreTrainingOutput(ModelOutput):
 
 
 class ElasticBertForPreTraining(ElasticBertPreTrainedModel):
+    """Per-exit MLM + SOP heads. Labels go in as `mlm_labels` / `sop_labels`, or under transformers' names
+    (`labels`, ALBERT's `sentence_order_label`); both or neither."""
+
     _tied_weights_keys = {"cls.predictions.decoder.weight": "elasticbert.embeddings.word_embeddings.weight"}
 
     def __init__(self, config: ElasticBertConfig) -> None:
@@ -343,6 +437,9 @@ class ElasticBertForPreTraining(ElasticBertPreTrainedModel):
         ]
         return F.linear(torch.cat(transformed), heads.decoder.weight, heads.bias)  # bias fused into the product
 
+    def sop_logits(self, layer: int, state: torch.Tensor) -> torch.Tensor:
+        return self.cls.seq_relationship[layer - 1](self.elasticbert.encoder.pooler[layer - 1](state))
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -353,9 +450,13 @@ class ElasticBertForPreTraining(ElasticBertPreTrainedModel):
         active_exits: Sequence[int] | None = None,
         gradient_equilibrium: bool = False,
         position_ids: torch.Tensor | None = None,
-    ) -> ElasticBertPreTrainingOutput:
-        if mlm_labels is None or sop_labels is None:
-            raise ValueError("ElasticBertForPreTraining needs mlm_labels (-100 = not masked) and sop_labels")
+        labels: torch.Tensor | None = None,
+        sentence_order_label: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> ElasticBertPreTrainingOutput | tuple:
+        mlm_labels, sop_labels = _pretraining_labels(mlm_labels, labels, sop_labels, sentence_order_label)
         encoded = self.elasticbert(
             input_ids,
             attention_mask=attention_mask,
@@ -363,9 +464,29 @@ class ElasticBertForPreTraining(ElasticBertPreTrainedModel):
             position_ids=position_ids,
             exit_layers=active_exits,
             gradient_equilibrium=gradient_equilibrium,
+            output_hidden_states=self._wants_hidden_states(output_hidden_states, output_attentions),
+            return_dict=True,
         )
         exits, states = encoded.exit_layers, encoded.exit_hidden_states
+        if mlm_labels is None:
+            output = ElasticBertPreTrainingOutput(
+                prediction_logits=self.cls.predictions.logits(exits[-1], states[-1]),
+                sop_logits=self.sop_logits(exits[-1], states[-1]),
+                hidden_states=encoded.hidden_states,
+                exit_layers=exits,
+            )
+        else:
+            output = self._losses(exits, states, mlm_labels, sop_labels)
+            output.hidden_states = encoded.hidden_states
+        return self._tuple_unless_dict(output, return_dict)
 
+    def _losses(
+        self,
+        exits: tuple[int, ...],
+        states: tuple[torch.Tensor, ...],
+        mlm_labels: torch.Tensor,
+        sop_labels: torch.Tensor,
+    ) -> ElasticBertPreTrainingOutput:
         flat_labels = mlm_labels.reshape(-1)
         masked = (flat_labels != -100).nonzero(as_tuple=True)[0]
         num_masked = int(masked.numel())
@@ -379,19 +500,13 @@ class ElasticBertForPreTraining(ElasticBertPreTrainedModel):
             mlm_loss = logits.sum().expand(len(exits)) * 0.0
             mlm_accuracy = torch.zeros(len(exits), device=logits.device)
 
-        sop_logits = torch.stack(
-            [
-                self.cls.seq_relationship[layer - 1](self.elasticbert.encoder.pooler[layer - 1](state))
-                for layer, state in zip(exits, states)
-            ]
-        )  # [k, B, 2]
+        sop_logits = torch.stack([self.sop_logits(layer, state) for layer, state in zip(exits, states)])  # [k, B, 2]
         sop_loss = (
             F.cross_entropy(upcast(sop_logits).flatten(0, 1), sop_labels.repeat(len(exits)), reduction="none")
             .view(len(exits), -1)
             .mean(dim=1)
         )
         sop_accuracy = (sop_logits.argmax(-1) == sop_labels).float().mean(dim=1)
-
         return ElasticBertPreTrainingOutput(
             loss=(mlm_loss + sop_loss).sum(),
             exit_layers=exits,
@@ -401,6 +516,27 @@ class ElasticBertForPreTraining(ElasticBertPreTrainedModel):
             sop_accuracy=sop_accuracy.detach(),
             num_masked=num_masked,
         )
+
+
+def _pretraining_labels(
+    mlm_labels: torch.Tensor | None,
+    labels: torch.Tensor | None,
+    sop_labels: torch.Tensor | None,
+    sentence_order_label: torch.Tensor | None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Our label names or transformers' (never both); MLM and SOP labels come together or not at all."""
+    if mlm_labels is not None and labels is not None:
+        raise ValueError("ElasticBertForPreTraining: pass mlm_labels or labels (the same thing), not both")
+    if sop_labels is not None and sentence_order_label is not None:
+        raise ValueError("ElasticBertForPreTraining: pass sop_labels or sentence_order_label, not both")
+    mlm = mlm_labels if mlm_labels is not None else labels
+    sop = sop_labels if sop_labels is not None else sentence_order_label
+    if (mlm is None) != (sop is None):
+        raise ValueError(
+            "ElasticBertForPreTraining: the loss needs both MLM labels (-100 = not masked) and SOP labels; "
+            "pass neither for logits"
+        )
+    return mlm, sop
 
 
 def exit_groups(num_layers: int, num_groups: int) -> list[tuple[int, ...]]:
@@ -479,11 +615,16 @@ EXIT_CLASSES = {"linear": LinearExit, "mha": MHAExit}
 
 @dataclass
 class MultiExitClassifierOutput(ModelOutput):
-    """Per-exit logits and exit representations h^e (in `exit_layers` order); `loss` = Σ of `exit_losses`."""
+    """`logits` [B, K] are the deepest exit's that ran (what transformers' pipelines and `Trainer` read);
+    `exit_logits`, `representations` h^e and `exit_losses` are every exit's, in `exit_layers` order. `loss` is the
+    mean of `exit_losses`: each exit's CE / MSE / BCE (transformers' `problem_type` rule), averaged over the exits
+    this forward ran."""
 
     loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    exit_logits: tuple[torch.Tensor, ...] | None = None
     exit_losses: torch.Tensor | None = None
-    logits: tuple[torch.Tensor, ...] | None = None
     representations: tuple[torch.Tensor, ...] | None = None
     exit_layers: tuple[int, ...] | None = None
 
@@ -511,10 +652,26 @@ class ElasticBertForSequenceClassification(ElasticBertPreTrainedModel):
         """(representation, logits) of exit `layer` (1-based) from that layer's hidden states."""
         return self.exits[str(layer)](hidden, attention_mask, self.elasticbert.encoder.pooler[layer - 1])
 
-    def exit_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def problem_type(self, labels: torch.Tensor) -> str:
+        """transformers' rule: the config's `problem_type`, else regression for one label, single-label
+        classification for integer labels, multi-label for float labels."""
+        if self.config.problem_type is not None:
+            return self.config.problem_type
         if self.config.num_labels == 1:
-            return F.mse_loss(upcast(logits.squeeze(-1)), labels.to(upcast(logits).dtype))
-        return F.cross_entropy(upcast(logits), labels)
+            return "regression"
+        if labels.dtype in (torch.long, torch.int):
+            return "single_label_classification"
+        return "multi_label_classification"
+
+    def exit_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits, problem = upcast(logits), self.problem_type(labels)
+        if problem == "regression":
+            if self.config.num_labels == 1:
+                return F.mse_loss(logits.view(-1), labels.view(-1).to(logits.dtype))
+            return F.mse_loss(logits, labels.to(logits.dtype))
+        if problem == "single_label_classification":
+            return F.cross_entropy(logits.view(-1, self.config.num_labels), labels.view(-1))
+        return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
 
     def forward(
         self,
@@ -525,7 +682,10 @@ class ElasticBertForSequenceClassification(ElasticBertPreTrainedModel):
         exit_layers: Sequence[int] | None = None,
         gradient_equilibrium: bool = False,
         position_ids: torch.Tensor | None = None,
-    ) -> MultiExitClassifierOutput:
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> MultiExitClassifierOutput | tuple:
         exits = tuple(exit_layers) if exit_layers is not None else self.exit_layers
         unknown = sorted(set(exits) - set(self.exit_layers))
         if unknown:
@@ -537,6 +697,8 @@ class ElasticBertForSequenceClassification(ElasticBertPreTrainedModel):
             position_ids=position_ids,
             exit_layers=exits,
             gradient_equilibrium=gradient_equilibrium,
+            output_hidden_states=self._wants_hidden_states(output_hidden_states, output_attentions),
+            return_dict=True,
         )
         reps, logits = zip(
             *(
@@ -547,7 +709,14 @@ class ElasticBertForSequenceClassification(ElasticBertPreTrainedModel):
         exit_losses = loss = None
         if labels is not None:
             exit_losses = torch.stack([self.exit_loss(lg, labels) for lg in logits])
-            loss = exit_losses.sum()
-        return MultiExitClassifierOutput(
-            loss=loss, exit_losses=exit_losses, logits=logits, representations=reps, exit_layers=encoded.exit_layers
+            loss = exit_losses.mean()
+        output = MultiExitClassifierOutput(
+            loss=loss,
+            logits=logits[-1],
+            hidden_states=encoded.hidden_states,
+            exit_logits=logits,
+            exit_losses=exit_losses,
+            representations=reps,
+            exit_layers=encoded.exit_layers,
         )
+        return self._tuple_unless_dict(output, return_dict)

@@ -63,3 +63,41 @@ def tiny_config():
 def random_batch():
     """Factory: (input_ids, attention_mask with padding, token_type_ids, mlm_labels, sop_labels)."""
     return _random_batch
+
+
+def _fnlp_layout_state(cfg):
+    """Key names of the released fnlp/elasticbert-base checkpoint (from their public modeling code), written by hand
+    so a renaming on our side breaks this test."""
+    h, inter, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    state = {
+        "elasticbert.embeddings.word_embeddings.weight": torch.randn(v, h),
+        "elasticbert.embeddings.position_embeddings.weight": torch.randn(cfg.max_position_embeddings, h),
+        "elasticbert.embeddings.token_type_embeddings.weight": torch.randn(2, h),
+        "elasticbert.embeddings.LayerNorm.weight": torch.randn(h),
+        "elasticbert.embeddings.LayerNorm.bias": torch.randn(h),
+        "elasticbert.embeddings.position_ids": torch.arange(cfg.max_position_embeddings)[None],
+    }
+    for i in range(cfg.num_hidden_layers):
+        p = f"elasticbert.encoder.layer.{i}."
+        for name, shape in [
+            ("attention.self.query", (h, h)),
+            ("attention.self.key", (h, h)),
+            ("attention.self.value", (h, h)),
+            ("attention.output.dense", (h, h)),
+            ("intermediate.dense", (inter, h)),
+            ("output.dense", (h, inter)),
+        ]:
+            state[p + name + ".weight"] = torch.randn(shape)
+            state[p + name + ".bias"] = torch.randn(shape[0])
+        for ln in ("attention.output.LayerNorm", "output.LayerNorm"):
+            state[p + ln + ".weight"] = torch.randn(h)
+            state[p + ln + ".bias"] = torch.randn(h)
+        state[f"elasticbert.encoder.pooler.{i}.dense.weight"] = torch.randn(h, h)
+        state[f"elasticbert.encoder.pooler.{i}.dense.bias"] = torch.randn(h)
+    return state
+
+
+@pytest.fixture
+def fnlp_layout_state():
+    """Factory: random weights under the released fnlp/elasticbert-base key names (bare model, every pooler)."""
+    return _fnlp_layout_state

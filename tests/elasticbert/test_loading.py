@@ -79,41 +79,9 @@ def test_plain_bert_minilm_maps_every_exit(minilm):
     assert any("encoder.layer.5." in k for k in report.unused)
 
 
-def _fnlp_layout_state(cfg):
-    """Key names of the released fnlp/elasticbert-base checkpoint (from their public modeling code), written by hand
-    so a renaming on our side breaks this test."""
-    h, inter, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    state = {
-        "elasticbert.embeddings.word_embeddings.weight": torch.randn(v, h),
-        "elasticbert.embeddings.position_embeddings.weight": torch.randn(cfg.max_position_embeddings, h),
-        "elasticbert.embeddings.token_type_embeddings.weight": torch.randn(2, h),
-        "elasticbert.embeddings.LayerNorm.weight": torch.randn(h),
-        "elasticbert.embeddings.LayerNorm.bias": torch.randn(h),
-        "elasticbert.embeddings.position_ids": torch.arange(cfg.max_position_embeddings)[None],
-    }
-    for i in range(cfg.num_hidden_layers):
-        p = f"elasticbert.encoder.layer.{i}."
-        for name, shape in [
-            ("attention.self.query", (h, h)),
-            ("attention.self.key", (h, h)),
-            ("attention.self.value", (h, h)),
-            ("attention.output.dense", (h, h)),
-            ("intermediate.dense", (inter, h)),
-            ("output.dense", (h, inter)),
-        ]:
-            state[p + name + ".weight"] = torch.randn(shape)
-            state[p + name + ".bias"] = torch.randn(shape[0])
-        for ln in ("attention.output.LayerNorm", "output.LayerNorm"):
-            state[p + ln + ".weight"] = torch.randn(h)
-            state[p + ln + ".bias"] = torch.randn(h)
-        state[f"elasticbert.encoder.pooler.{i}.dense.weight"] = torch.randn(h, h)
-        state[f"elasticbert.encoder.pooler.{i}.dense.bias"] = torch.randn(h)
-    return state
-
-
-def test_fnlp_layout_loads_with_no_missing_keys(tmp_path, tiny_config):
+def test_fnlp_layout_loads_with_no_missing_keys(tmp_path, tiny_config, fnlp_layout_state):
     cfg = tiny_config()
-    state = _fnlp_layout_state(cfg)
+    state = fnlp_layout_state(cfg)
     save_file(state, str(tmp_path / "model.safetensors"))
     fnlp_config = cfg.to_dict() | {"num_output_layers": 1, "max_output_layers": cfg.num_hidden_layers}
     (tmp_path / "config.json").write_text(json.dumps(fnlp_config))

@@ -190,15 +190,18 @@ def test_classifier_exits_and_regression(tiny_config, random_batch, exit_type):
     ids, mask, types, _, _ = random_batch(cfg)
     labels = torch.tensor([0, 2, 1])
     out = model(ids, mask, types, labels=labels)
-    assert out.exit_layers == (2, 4) and [lg.shape for lg in out.logits] == [(3, 3), (3, 3)]
-    assert torch.allclose(out.loss, sum(F.cross_entropy(lg, labels) for lg in out.logits))
+    assert out.exit_layers == (2, 4) and [lg.shape for lg in out.exit_logits] == [(3, 3), (3, 3)]
+    assert torch.equal(out.logits, out.exit_logits[-1])  # transformers' `logits` [B, K]: the deepest exit's
+    per_exit = torch.stack([F.cross_entropy(lg, labels) for lg in out.exit_logits])
+    assert torch.allclose(out.exit_losses, per_exit) and torch.allclose(out.loss, per_exit.mean())
     only_two = model(ids, mask, types, exit_layers=[2])
-    assert torch.equal(only_two.logits[0], out.logits[0])
+    assert torch.equal(only_two.exit_logits[0], out.exit_logits[0]) and torch.equal(only_two.logits, out.exit_logits[0])
     with pytest.raises(ValueError, match="no exit"):
         model(ids, mask, types, exit_layers=[3])
     reg = ElasticBertForSequenceClassification(tiny_config(num_labels=1, exit_type=exit_type)).eval()
-    out = reg(ids, mask, types, labels=torch.tensor([0.5, 1.0, 4.0]))
-    assert out.logits[0].shape == (3, 1) and out.loss.item() > 0
+    target = torch.tensor([0.5, 1.0, 4.0])
+    out = reg(ids, mask, types, labels=target)
+    assert out.logits.shape == (3, 1) and torch.allclose(out.loss, F.mse_loss(out.logits.squeeze(-1), target))
 
 
 def test_mha_exit_reads_cls_query_only_equals_full_self_attention(tiny_config, random_batch):
