@@ -17,7 +17,17 @@ Python API (what the demo, pretrain and the Slurm tests use):
 
 Other entry points: `train_tokenizer(texts, out/"tokenizer", kind=...)`, `adopt_vocab(vocab_txt, out/"tokenizer")`,
 `iter_corpus_texts(inputs)`, `corpus_stats(out)`, `PrepConfig` (all settings that change the output).
-Errors a user can fix raise `data_prep.errors.DataPrepError` (a `common.errors.UserError`) naming the file (and line).
+`tokenizer=` (CLI `--tokenizer`) also takes a WordPiece tokenizer.json, a model folder or a Hugging Face hub name
+(`bert-base-uncased`, through the standard cache, offline respected: `common.hub.resolve_pretrained`).
+
+Sanity: the manifest counts [UNK] tokens (`totals.unk_tokens`, `splits.<split>.unk_tokens`, beside
+`totals.tokens`); `tokenize_corpus` / `finalize_dir` refuse a corpus above `max_unk_fraction` (CLI
+`--max-unk-fraction`, default `data_prep.stats.DEFAULT_MAX_UNK_FRACTION` = 1 %, measured on the real corpora: see
+there), `tokenize` after its first ~100k tokens; the threshold is in no hash. A vocab lacking special tokens gets
+them appended with a warning naming the file and the tokens.
+Errors a user can fix raise `data_prep.errors.DataPrepError` (a `common.errors.UserError`) naming the file (and
+line): bad input, damaged files, out-of-range options, and failed writes (disk full: the output is left incomplete,
+without manifest.json, and the same command resumes it).
 File formats: `data_prep.shard_format`; output layout and resume rules: `data_prep.pipeline`; the plan and the unit
 store: `data_prep.plan`; tokenizing units (the worker pool): `data_prep.workers`.
 """

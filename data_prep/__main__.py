@@ -4,8 +4,12 @@ The conventions of `common.cli`: `--output PATH` where a command writes (train-t
 prepared directory is positional for the commands that act on one (finalize, verify, stats); booleans are
 `--x/--no-x`; defaults and choices come from `PrepConfig` and `TokenizerTraining`.
 
-Exit codes: 0 success; 1 `verify` found problems (all listed); 2 a user error (one line on stderr, no traceback);
-130 interrupted.
+Exit codes: 0 success; 1 `verify` found problems (all listed); 2 a user error (one line on stderr, no traceback:
+bad input, a damaged file, a failed write such as a full disk, a vocabulary that does not fit the text), 130
+interrupted. Every numeric option is range-checked before anything is read or written.
+
+Sanity checks: `tokenize` and `finalize` refuse a corpus whose [UNK] rate is above `--max-unk-fraction` (default
+`data_prep.stats.DEFAULT_MAX_UNK_FRACTION`, measured: see there); `tokenize`, `finalize` and `stats` print the rate.
 """
 
 from __future__ import annotations
@@ -24,10 +28,10 @@ from typing import Any
 from common.cli import add_debug, add_output, config_argument, run_command
 from common.errors import UserError
 
-from .errors import DataPrepError
-from .pipeline import finalize_dir, iter_corpus_texts, tokenize_corpus
+from .errors import DataPrepError, output_errors
+from .pipeline import RunOptions, finalize_dir, iter_corpus_texts, tokenize_corpus
 from .plan import PrepConfig
-from .stats import corpus_stats
+from .stats import corpus_stats, describe_unk
 from .tokenizer import TokenizerTraining, adopt_vocab, train_tokenizer
 from .verify import summary, verify_dir
 
@@ -105,7 +109,11 @@ def _add_train_tokenizer(sub: Any) -> None:
     config_argument(p, TokenizerTraining, "kind", help="wordpiece (tokenizers) or sentencepiece unigram/bpe")
     config_argument(p, TokenizerTraining, "vocab_size", help="vocabulary size to train")
     p.add_argument(
-        "--cased", action=argparse.BooleanOptionalAction, default=False, help="keep case (--no-cased: lower-case)"
+        "--cased",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep case (--no-cased: lower-case; default: lower-case when training, and for --vocab the "
+        "do_lower_case of a tokenizer_config.json beside it, else a guess from the vocab)",
     )
     p.add_argument(
         "--max-bytes",
@@ -114,8 +122,19 @@ def _add_train_tokenizer(sub: Any) -> None:
         metavar="SIZE",
         help="train on at most this much text, in input order (default 1G)",
     )
-    p.add_argument("--threads", type=int, default=default_workers())
+    p.add_argument("--threads", type=int, default=default_workers(), help="training threads (default: CPUs)")
     _input_options(p)
+
+
+def _add_max_unk_fraction(p: argparse.ArgumentParser) -> None:
+    config_argument(
+        p,
+        RunOptions,
+        "max_unk_fraction",
+        metavar="F",
+        help="refuse the corpus when more than this fraction of its tokens are [UNK] (a vocabulary that does not fit "
+        "the text); 1 accepts anything; changes no output byte",
+    )
 
 
 def _add_tokenize(sub: Any) -> None:
@@ -126,8 +145,8 @@ def _add_tokenize(sub: Any) -> None:
     add_output(p, help="the prepared-corpus directory")
     p.add_argument(
         "--tokenizer",
-        help="vocab.txt, folder with vocab.txt, spm .model or data_prep tokenizer dir "
-        "(default: OUTPUT/tokenizer from train-tokenizer)",
+        help="vocab.txt, WordPiece tokenizer.json, spm .model, a folder holding one, a data_prep tokenizer dir, or a "
+        "Hugging Face hub name such as bert-base-uncased (default: OUTPUT/tokenizer from train-tokenizer)",
     )
     p.add_argument("--workers", type=int, default=default_workers(), help="worker processes (default: CPUs)")
     p.add_argument("--threads-per-worker", type=int, default=1, help="tokenizer threads per worker (default 1)")
@@ -161,6 +180,7 @@ def _add_tokenize(sub: Any) -> None:
     p.add_argument(
         "--progress", action=argparse.BooleanOptionalAction, default=True, help="show a progress bar (default)"
     )
+    _add_max_unk_fraction(p)
     _input_options(p)
 
 
@@ -176,10 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("finalize", help="merge the units of all array tasks into shards + manifest.json")
     p.add_argument("directory", metavar="DIR", help="the prepared-corpus directory (tokenize --output)")
+    _add_max_unk_fraction(p)
 
     p = sub.add_parser("verify", help="re-hash every shard and check indexes, dtype, ids and totals")
     p.add_argument("directory", metavar="DIR", help="the prepared-corpus directory")
-    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--workers", type=int, default=1, help="processes re-hashing shards (default 1)")
 
     p = sub.add_parser("stats", help="docs, sentences, tokens, length histograms (PNG)")
     p.add_argument("directory", metavar="DIR", help="the prepared-corpus directory")
@@ -197,17 +218,26 @@ def _prep_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cmd_train_tokenizer(args: argparse.Namespace) -> int:
     final = Path(args.output) / "tokenizer"
-    if args.vocab:
-        meta = adopt_vocab(args.vocab, final, lowercase=None)
-    else:
-        if not args.inputs:
-            raise DataPrepError("train-tokenizer needs inputs (or --vocab VOCAB.txt to adopt a vocabulary)")
-        if final.exists():
-            raise DataPrepError(f"{final}: a tokenizer already exists; use another --output or delete it first")
-        texts = iter_corpus_texts(args.inputs, max_bytes=args.max_bytes, **_prep_settings(args))
-        meta = train_tokenizer(
-            texts, final, kind=args.kind, vocab_size=args.vocab_size, lowercase=not args.cased, threads=args.threads
-        )
+    with output_errors(final, after="no tokenizer was installed: {todo} and rerun"):
+        if args.vocab:
+            lowercase = None if args.cased is None else not args.cased
+            meta = adopt_vocab(args.vocab, final, lowercase=lowercase)
+        else:
+            if not args.inputs:
+                raise DataPrepError("train-tokenizer needs inputs (or --vocab VOCAB.txt to adopt a vocabulary)")
+            if final.exists():
+                raise DataPrepError(f"{final}: a tokenizer already exists; use another --output or delete it first")
+            if args.max_bytes < 1:
+                raise DataPrepError(f"--max-bytes must be > 0 (got {args.max_bytes})")
+            texts = iter_corpus_texts(args.inputs, max_bytes=args.max_bytes, **_prep_settings(args))
+            meta = train_tokenizer(
+                texts,
+                final,
+                kind=args.kind,
+                vocab_size=args.vocab_size,
+                lowercase=args.cased is not True,
+                threads=args.threads,
+            )
     print(f"{final}: {meta['kind']} tokenizer, vocab {meta['vocab_size']}, sha256 {meta['sha256']}")
     return 0
 
@@ -225,14 +255,17 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
         finalize=args.finalize,
         allow_empty=args.allow_empty,
         rehash=args.rehash,
+        max_unk_fraction=args.max_unk_fraction,
         **_prep_settings(args),
     )
     if "splits" in res:
         _print_manifest(args.output, res)
     else:
+        units = res["units"].values()
+        unk = describe_unk(sum(sum(u["unk_tokens"].values()) for u in units), sum(u["tokens"] for u in units))
         print(
             f"task {res['task']}/{res['num_tasks']}: {len(res['units'])} units complete "
-            f"({len(res['units_done_now'])} now); when every task is done: "
+            f"({len(res['units_done_now'])} now), {unk}; when every task is done: "
             f"python -m data_prep finalize {args.output}"
         )
     return 0
@@ -246,12 +279,14 @@ def _print_manifest(out: str, m: dict[str, Any]) -> None:
             f"{info['tokens']:,} tokens"
         )
     print(f"{out}: " + "; ".join(parts) + f" -> {Path(out) / 'manifest.json'}")
+    if "unk_tokens" in m["totals"]:
+        print(f"{out}: {describe_unk(m['totals']['unk_tokens'], m['totals']['tokens'])}")
     if m["totals"].get("decode_errors"):
         print(f"{out}: {m['totals']['decode_errors']} undecodable byte sequences were replaced by U+FFFD")
 
 
 def _cmd_finalize(args: argparse.Namespace) -> int:
-    _print_manifest(args.directory, finalize_dir(args.directory))
+    _print_manifest(args.directory, finalize_dir(args.directory, max_unk_fraction=args.max_unk_fraction))
     return 0
 
 
@@ -267,7 +302,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    print(json.dumps(corpus_stats(args.directory, args.output), indent=1))
+    stats = corpus_stats(args.directory, args.output)
+    print(json.dumps(stats, indent=1))
+    unk = stats["unk"]
+    print(f"{args.directory}: {describe_unk(unk['unk_tokens'], unk['tokens'])}", file=sys.stderr)
     return 0
 
 
@@ -282,9 +320,12 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def _one_line_errors(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     """Run `command`; a user error whose message spans lines is re-raised as one line (one line on stderr is the
-    CLI's contract: scripts and Slurm logs grep it)."""
+    CLI's contract: scripts and Slurm logs grep it), and an OSError that no layer below named (an I/O error, a
+    permission) becomes one naming its file."""
     try:
         return command(args)
+    except OSError as err:
+        raise DataPrepError(f"{err.filename or args.command}: {err.strerror or err}") from err
     except UserError as err:
         text = str(err)
         if "\n" not in text:

@@ -19,6 +19,15 @@ differ, and never touches a finished one (manifest present) prepared from anythi
 hard-linked, several are concatenated) and writes the manifest. Nothing here depends on the number of workers or
 tasks, so 1 vs 2 workers and 1 vs 3 array tasks produce byte-identical shards and manifests.
 
+Sanity and failures: every unit counts its [UNK] tokens (per split; the manifest has `splits.<split>.unk_tokens` and
+`totals.unk_tokens`). `tokenize` stops once the running [UNK] rate of its units is above `max_unk_fraction` (after
+`stats.UNK_CHECK_MIN_TOKENS` tokens: the first megabytes, not hours in), and `finalize` refuses the whole corpus on
+the same test, before writing any shard: the finished units stay, no manifest is written, and a rerun with
+`--max-unk-fraction` continues where it stopped. The threshold is not a `PrepConfig` setting: it changes no byte of
+the output, so it is in no hash and a rerun with another value resumes the same run. A failed write (disk full,
+read-only, no permission) is a DataPrepError naming the file and saying that the output is incomplete (no
+manifest.json) and resumable.
+
 Planning and the unit store are in `data_prep.plan`; tokenizing units (the worker pool) in `data_prep.workers`.
 """
 
@@ -29,6 +38,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +47,7 @@ import numpy as np
 from common.io import atomic_path, fsync_dir
 
 from . import sources as S
-from .errors import DataPrepError
+from .errors import DataPrepError, output_errors
 from .plan import (
     FORMAT_VERSION,
     SPLITS,
@@ -57,8 +67,9 @@ from .plan import (
     units_dir,
 )
 from .shard_format import FORMAT, concat_shards, read_idx_header
-from .tokenizer import check_tokenizer_dir, load_meta, resolve_tokenizer
-from .util import atomic_write_json, read_json
+from .stats import DEFAULT_MAX_UNK_FRACTION, UnkGuard, unk_fraction_problem
+from .tokenizer import check_tokenizer_dir, load_meta, resolve_tokenizer, tokenizer_file
+from .util import atomic_write_json, read_json_record
 from .workers import Progress, UnitContext, run_units, unit_size
 
 __all__ = ["PrepConfig", "finalize_dir", "iter_corpus_texts", "slurm_task", "tokenize_corpus"]
@@ -84,21 +95,64 @@ def tokenize_corpus(
     finalize: bool | None = None,
     allow_empty: bool = False,
     rehash: bool = True,
+    max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION,
     **settings: Any,
 ) -> dict[str, Any]:
     """Tokenize `inputs` into shards under `out_dir`; see the module docstring for the layout.
 
-    `tokenizer`: a vocab.txt, a folder holding one, an spm .model, or a data_prep tokenizer dir (None: use
-    `out_dir/tokenizer`). `settings` override `PrepConfig` fields. Runs the units of array task
-    `task_index` of `num_tasks` (default: from SLURM_ARRAY_*, else all). Returns the manifest when finalized
-    (by default when there is a single task), else this task's record.
+    `tokenizer`: a vocab.txt, a folder holding one, a WordPiece tokenizer.json, an spm .model, a data_prep tokenizer
+    dir or a Hugging Face hub name (None: use `out_dir/tokenizer`). `settings` override `PrepConfig` fields. Runs
+    the units of array task `task_index` of `num_tasks` (default: from SLURM_ARRAY_*, else all). Stops (DataPrepError)
+    when more than `max_unk_fraction` of the tokens are [UNK]. Returns the manifest when finalized (by default when
+    there is a single task), else this task's record.
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     cfg = make_config(config, **settings).resolved()
-    J, j = _array_task(num_tasks, task_index)
+    run = RunOptions(workers, threads_per_worker, progress, finalize, allow_empty, rehash, max_unk_fraction)
+    problems = run.problems() + ([f"--output {out}: exists and is not a directory"] if out.is_file() else [])
+    if problems:
+        raise DataPrepError("; ".join(problems))
+    task = _array_task(num_tasks, task_index)
+    with output_errors(out):
+        out.mkdir(parents=True, exist_ok=True)
+        return _tokenize([str(i) for i in inputs], out, tokenizer, cfg, task, run)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a tokenize run goes about its work. None of it changes a byte of the output, so none of it is hashed
+    (a rerun with other values resumes the same run)."""
+
+    workers: int = 1
+    threads_per_worker: int = 1
+    progress: bool = False
+    finalize: bool | None = None
+    allow_empty: bool = False
+    rehash: bool = True
+    max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION
+
+    def problems(self) -> list[str]:
+        """Out-of-range values, named by their command-line flags."""
+        problems = [unk_fraction_problem(self.max_unk_fraction)]
+        if self.workers < 1:
+            problems.append(f"--workers must be >= 1 (got {self.workers})")
+        if self.threads_per_worker < 1:
+            problems.append(f"--threads-per-worker must be >= 1 (got {self.threads_per_worker})")
+        return [p for p in problems if p]
+
+
+def _tokenize(
+    inputs: list[str],
+    out: Path,
+    tokenizer: str | os.PathLike | None,
+    cfg: dict[str, Any],
+    task: tuple[int, int],
+    run: RunOptions,
+) -> dict[str, Any]:
+    """`tokenize_corpus` once its options are checked (write errors are turned into DataPrepErrors around it)."""
+    J, j = task
     meta = _setup_tokenizer(out, tokenizer)
-    plan = build_plan([str(i) for i in inputs], cfg, meta["sha256"], out, allow_empty)
+    plan = build_plan(inputs, cfg, meta["sha256"], out, run.allow_empty)
     phash = plan_hash(plan)
     finished = _finished_manifest(out, plan, phash)
     if finished is not None:
@@ -107,7 +161,7 @@ def tokenize_corpus(
 
     keys = unit_keys(plan)
     mine = list(range(j, len(plan["units"]), J))
-    todo = _units_to_do(out, keys, mine, rehash)
+    todo = _units_to_do(out, keys, mine, run.rehash)
     log.info(
         "%s: %d units planned, task %d/%d has %d (%d already done, %d to do)",
         out,
@@ -119,17 +173,35 @@ def tokenize_corpus(
         len(todo),
     )
     ctx = UnitContext(out, plan, keys, out / "tokenizer")
-    bar = Progress(sum(unit_size(plan, u) for u in todo), progress, f"tokenize[{j}/{J}]" if J > 1 else "tokenize")
+    guard = _unk_guard(out, tokenizer, run.max_unk_fraction)
+    for u in sorted(set(mine) - set(todo)):  # finished before (a resumed run): the running rate includes them
+        info = load_unit(out, keys[u], rehash=False) or {}
+        guard.add(info.get("tokens", 0), sum(info.get("unk_tokens", {}).values()))
+    guard.check()
+    desc = f"tokenize[{j}/{J}]" if J > 1 else "tokenize"
+    bar = Progress(sum(unit_size(plan, u) for u in todo), run.progress, desc)
+
+    def report(nbytes: int, docs: int, tokens: int, unk: int) -> None:
+        bar.update(nbytes, docs, tokens, unk)
+        guard.add(tokens, unk)
+        guard.check()
+
     t0 = time.perf_counter()
     try:
-        run_units(todo, ctx, workers, threads_per_worker, bar)
+        run_units(todo, ctx, run.workers, run.threads_per_worker, report)
     finally:
         bar.close()
-    record = _task_record(ctx, phash, mine, todo, (j, J), time.perf_counter() - t0, workers)
+    record = _task_record(ctx, phash, mine, todo, (j, J), time.perf_counter() - t0, run.workers)
     atomic_write_json(task_record_path(out, j, J), record)
-    if finalize or (finalize is None and J == 1):
-        return finalize_dir(out)
+    if run.finalize or (run.finalize is None and J == 1):
+        return finalize_dir(out, max_unk_fraction=run.max_unk_fraction)
     return record
+
+
+def _unk_guard(out: Path, tokenizer: str | os.PathLike | None, max_unk_fraction: float) -> UnkGuard:
+    """The [UNK]-rate guard of a run, naming the tokenizer file (and what --tokenizer it came from)."""
+    named = str(tokenizer_file(out / "tokenizer")) + (f" (from --tokenizer {tokenizer})" if tokenizer else "")
+    return UnkGuard(max_unk_fraction, named, out)
 
 
 def slurm_task() -> tuple[int, int]:
@@ -148,7 +220,9 @@ def _array_task(num_tasks: int | None, task_index: int | None) -> tuple[int, int
     env_tasks, env_index = slurm_task()
     J = num_tasks if num_tasks is not None else env_tasks
     j = task_index if task_index is not None else (env_index if num_tasks is None else 0)
-    if J < 1 or not 0 <= j < J:
+    if J < 1:
+        raise DataPrepError(f"--num-tasks must be >= 1 (got {J})")
+    if not 0 <= j < J:
         raise DataPrepError(f"task index {j} is outside 0..{J - 1} (--num-tasks {J})")
     return J, j
 
@@ -176,7 +250,7 @@ def _finished_manifest(out: Path, plan: dict[str, Any], phash: str) -> dict[str,
     manifest_path = out / "manifest.json"
     if not manifest_path.is_file():
         return None
-    old = read_json(manifest_path)
+    old = read_json_record(manifest_path, "this directory holds a damaged corpus: use a new --output")
     if old.get("plan_hash") == phash:
         log.info("%s: already complete (manifest matches inputs, settings and tokenizer)", out)
         return old
@@ -194,7 +268,7 @@ def _record_plan(out: Path, plan: dict[str, Any], phash: str) -> None:
     (work / "tasks").mkdir(parents=True, exist_ok=True)
     plan_path = work / "plan.json"
     if plan_path.is_file():
-        old = read_json(plan_path)
+        old = _read_plan(plan_path)
         if settings_hash(old["plan"]) != settings_hash(plan):
             raise DataPrepError(
                 f"{plan_path}: an unfinished run in this directory used {plan_difference(old['plan'], plan)}; "
@@ -208,6 +282,16 @@ def _record_plan(out: Path, plan: dict[str, Any], phash: str) -> None:
             plan_difference(old["plan"], plan),
         )
     atomic_write_json(plan_path, {"plan_hash": phash, "plan": plan})
+
+
+def _read_plan(plan_path: Path) -> dict[str, Any]:
+    """OUT/.work/plan.json ({plan_hash, plan}); a damaged one names the file and the way out (the units are keyed by
+    their settings and bytes, so deleting the plan loses nothing)."""
+    todo = "delete it and rerun tokenize with the same inputs and settings (the finished units are kept)"
+    stored = read_json_record(plan_path, todo)
+    if not isinstance(stored.get("plan"), dict) or "plan_hash" not in stored:
+        raise DataPrepError(f"{plan_path}: damaged (no plan / plan_hash); {todo}")
+    return stored
 
 
 def _units_to_do(out: Path, keys: list[str], mine: list[int], rehash: bool) -> list[int]:
@@ -251,25 +335,39 @@ def _task_record(
 # ----------------------------------------------------------------------------------------------- finalize
 
 
-def finalize_dir(out_dir: str | os.PathLike) -> dict[str, Any]:
+def finalize_dir(out_dir: str | os.PathLike, max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION) -> dict[str, Any]:
     """Merge all units into `train/`, `valid/` shards and write `manifest.json` (atomic); refuse if any unit is
-    missing. Idempotent: a finished directory is returned as is."""
+    missing, or when more than `max_unk_fraction` of all tokens are [UNK] (before any shard is written).
+    Idempotent: a finished directory is returned as is."""
     out = Path(out_dir)
+    problem = unk_fraction_problem(max_unk_fraction)
+    if problem:
+        raise DataPrepError(problem)
+    with output_errors(out):
+        return _finalize(out, max_unk_fraction)
+
+
+def _finalize(out: Path, max_unk_fraction: float) -> dict[str, Any]:
     manifest_path = out / "manifest.json"
     plan_path = out / ".work" / "plan.json"
+    damaged = "this directory holds a damaged corpus: use a new --output"
     if not plan_path.is_file():
         if manifest_path.is_file():
-            return read_json(manifest_path)
-        raise DataPrepError(f"{out}: nothing to finalize (no {plan_path.relative_to(out)}; run tokenize first)")
-    stored = read_json(plan_path)
+            return read_json_record(manifest_path, damaged)
+        raise DataPrepError(f"{out}: nothing to finalize (no {Path('.work', 'plan.json')}; run tokenize first)")
+    stored = _read_plan(plan_path)
     plan, phash = stored["plan"], stored["plan_hash"]
-    if manifest_path.is_file() and (old := read_json(manifest_path)).get("plan_hash") == phash:
+    if manifest_path.is_file() and (old := read_json_record(manifest_path, damaged)).get("plan_hash") == phash:
         return old
     keys = unit_keys(plan)
     infos = _finished_units(out, plan, keys)
     meta = load_meta(out / "tokenizer")
     if meta["sha256"] != plan["tokenizer_sha256"]:
         raise DataPrepError(f"{out / 'tokenizer'}: tokenizer differs from the one the units were made with")
+    guard = _unk_guard(out, None, max_unk_fraction)
+    guard.add(sum(i["tokens"] for i in infos), sum(sum(i["unk_tokens"].values()) for i in infos))
+    guard.check(complete=True)
+    _remove_finalize_leftovers(out)
     splits = {
         split: _write_split(out, split, infos, keys, np.dtype(meta["dtype"]), plan["config"]["shard_tokens"])
         for split in SPLITS
@@ -286,6 +384,12 @@ def finalize_dir(out_dir: str | os.PathLike) -> dict[str, Any]:
         manifest["totals"]["tokens"],
     )
     return manifest
+
+
+def _remove_finalize_leftovers(out: Path) -> None:
+    """Temporary shard and manifest files of a finalize that was killed (they would hold disk space forever)."""
+    for leftover in [*out.glob(".manifest.json.tmp*"), *(p for s in SPLITS for p in out.glob(f"{s}/.shard_*.tmp*"))]:
+        leftover.unlink(missing_ok=True)
 
 
 def _finished_units(out: Path, plan: dict[str, Any], keys: list[str]) -> list[dict[str, Any]]:
@@ -337,6 +441,7 @@ def _write_split(
     shards = [
         _write_shard(sdir / f"shard_{k:05d}", group, out, keys, dtype) for k, group in enumerate(_pack(parts, limit))
     ]
+    unk = sum(info["unk_tokens"][split] for info in infos)
     # shard files of an earlier, different layout would be picked up by nobody: remove strays
     names = {s["name"] for s in shards}
     for f in sdir.glob("shard_*"):
@@ -347,6 +452,7 @@ def _write_split(
         "docs": sum(s["docs"] for s in shards),
         "sentences": sum(s["sentences"] for s in shards),
         "tokens": sum(s["tokens"] for s in shards),
+        "unk_tokens": unk,
         "shards": shards,
     }
 
@@ -398,6 +504,7 @@ def _manifest(
             "docs": sum(s["docs"] for s in splits.values()),
             "sentences": sum(s["sentences"] for s in splits.values()),
             "tokens": sum(s["tokens"] for s in splits.values()),
+            "unk_tokens": sum(s["unk_tokens"] for s in splits.values()),
             "input_bytes": sum(u["input_bytes"] for u in units),
             "decode_errors": sum(u["decode_errors"] for u in units),
             "units": len(units),

@@ -56,7 +56,9 @@ class PrepConfig:
         if not 0.0 <= self.valid_fraction < 1.0:
             problems.append(f"--valid-fraction must be in [0, 1) (got {self.valid_fraction})")
         if self.max_sentence_tokens < 0:
-            problems.append("--max-sentence-tokens must be >= 0")
+            problems.append(f"--max-sentence-tokens must be >= 0 (got {self.max_sentence_tokens})")
+        if self.max_doc_bytes < 1024:
+            problems.append(f"--max-doc-bytes must be >= 1K (got {self.max_doc_bytes} bytes)")
         unit_bytes = int(self.unit_bytes or self.shard_tokens * BYTES_PER_TOKEN)
         if unit_bytes < 1024 and not problems:
             problems.append(f"unit size must be >= 1 KiB (got {unit_bytes} bytes)")
@@ -174,13 +176,16 @@ def unit_temp_dirs(out: Path, key: str) -> list[Path]:
 
 
 def load_unit(out: Path, key: str, rehash: bool) -> dict[str, Any] | None:
-    """A finished unit's record if it is complete and intact (hashes re-checked when `rehash`), else None."""
+    """A finished unit's record if it is complete and intact (hashes re-checked when `rehash`), else None.
+
+    A unit written before [UNK]s were counted (no `unk_tokens`) counts as unfinished: it is redone, with the same
+    bytes, so that the manifest's [UNK] totals cover every unit."""
     d = unit_dir(out, key)
     try:
         info = read_json(d / "unit.json")
     except (OSError, ValueError):
         return None
-    if info.get("unit_key") != key:
+    if not isinstance(info, dict) or info.get("unit_key") != key or not isinstance(info.get("unk_tokens"), dict):
         return None
     for split in SPLITS:
         for part in info["parts"].get(split, []):

@@ -2,7 +2,11 @@
 
 Opening is cheap (the manifest plus one small header read and one stat per shard, no shard data read), and the
 object pickles without its memmaps (they reopen lazily), so every rank and dataloader worker can hold one.
-Full integrity checking (re-hashing) is `python -m data_prep verify`.
+Full integrity checking (re-hashing) is `python -m data_prep verify`; what the reader catches cheaply: a missing,
+truncated or foreign shard file (sizes, headers, the .bin hash recorded in the .idx), a manifest that is not one,
+an index whose first/last entries do not span its .bin (checked when a shard is first opened), and a sentence or
+document whose offsets point outside its .bin (checked on every access: two comparisons). Flipped bytes inside
+token data are for `verify`.
 """
 
 from __future__ import annotations
@@ -10,6 +14,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
+from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +24,26 @@ import numpy as np
 
 from .errors import DataPrepError
 from .shard_format import DTYPES, FORMAT, open_bin, open_idx_arrays, read_idx_header
+
+
+def open_shard_budget() -> int:
+    """How many shards one reader keeps open (each holds two file descriptors: the .bin and .idx memmaps).
+
+    A 160 GB corpus has ~2,300 shards; random access touches all of them, which would exceed the common default of
+    1,024 open files. The soft limit is raised to the hard one once per process, and a reader keeps at most an
+    eighth of it (its least recently used shards are closed beyond that; a slice already handed out stays valid).
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    soft = hard if soft == resource.RLIM_INFINITY else soft
+    return max(32, soft // 16)
 
 
 class PreparedCorpus:
@@ -45,6 +72,22 @@ class PreparedCorpus:
         if split not in manifest.get("splits", {}):
             raise DataPrepError(f"{mpath}: no split {split!r} (has {', '.join(manifest.get('splits', {}))})")
         self.manifest: dict[str, Any] = manifest
+        try:
+            self._load(manifest, split)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            if isinstance(e, DataPrepError):
+                raise
+            raise DataPrepError(
+                f"{mpath}: damaged manifest (missing or invalid entry: {e!r}); run `python -m data_prep verify "
+                f"{self.path}` or prepare the corpus again"
+            ) from None
+        self._open: OrderedDict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
+        self.max_open_shards = open_shard_budget()
+        self._lengths: np.ndarray | None = None
+        self._bounds: np.ndarray | None = None
+
+    def _load(self, manifest: dict[str, Any], split: str) -> None:
+        """The tokenizer facts and the shard table of `split` (a KeyError/TypeError: a damaged manifest)."""
         tok = manifest["tokenizer"]
         self.tokenizer_dir: Path = self.path / tok.get("dir", "tokenizer")
         self.vocab_size: int = int(tok["vocab_size"])
@@ -65,9 +108,6 @@ class PreparedCorpus:
         self.num_sentences = int(self._sents[-1])
         self.num_tokens = int(self._toks[-1])
         self._headers = [self._check_shard(s) for s in shards]
-        self._open: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._lengths: np.ndarray | None = None
-        self._bounds: np.ndarray | None = None
 
     # ------------------------------------------------------------------------------------------ internals
 
@@ -105,13 +145,31 @@ class PreparedCorpus:
 
     def _shard(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         got = self._open.get(k)
-        if got is None:
+        if got is not None:
+            self._open.move_to_end(k)
+        else:
             stem = self._stem(self.shard_names[k])
             header = self._headers[k]
             starts, lengths, bounds = open_idx_arrays(stem.with_suffix(".idx"), header)
             got = (open_bin(stem.with_suffix(".bin"), header), starts, lengths, bounds)
+            s, t = header.num_sentences, header.num_tokens
+            spans = s == 0 or (int(starts[0]) == 0 and int(starts[-1]) + int(lengths[-1]) == t)
+            if not spans or int(bounds[0]) != 0 or int(bounds[-1]) != s:
+                raise self._corrupt(k, "its first/last sentence or document entries do not span its .bin")
             self._open[k] = got
+            while len(self._open) > self.max_open_shards:
+                self._open.popitem(last=False)
         return got
+
+    def _corrupt(self, k: int, what: str) -> DataPrepError:
+        idx = self._stem(self.shard_names[k]).with_suffix(".idx")
+        return DataPrepError(f"{idx}: corrupt index ({what}); run `python -m data_prep verify {self.path}`")
+
+    def _slice(self, k: int, ids: np.ndarray, start: int, end: int, what: str) -> np.ndarray:
+        """ids[start:end], refused when a corrupt index points outside the .bin (numpy would clip it silently)."""
+        if not 0 <= start <= end <= len(ids):
+            raise self._corrupt(k, f"{what} spans tokens {start}..{end} of {len(ids)}")
+        return ids[start:end]
 
     def _locate(self, cum: np.ndarray, i: int, n: int, what: str) -> tuple[int, int]:
         if not 0 <= i < n:
@@ -130,7 +188,7 @@ class PreparedCorpus:
         k, j = self._locate(self._sents, int(i), self.num_sentences, "sentence")
         ids, starts, lengths, _ = self._shard(k)
         s = int(starts[j])
-        return ids[s : s + int(lengths[j])]
+        return self._slice(k, ids, s, s + int(lengths[j]), f"sentence {i}")
 
     def doc_sentence_range(self, doc: int) -> tuple[int, int]:
         """Global sentence indices [start, end) of document `doc`."""
@@ -144,13 +202,26 @@ class PreparedCorpus:
         k, j = self._locate(self._docs, int(doc), self.num_docs, "document")
         ids, starts, lengths, bounds = self._shard(k)
         a, b = int(bounds[j]), int(bounds[j + 1])
+        if not 0 <= a < b <= len(starts):
+            raise self._corrupt(k, f"document {doc} spans sentences {a}..{b} of {len(starts)}")
         s = int(starts[a])
         e = int(starts[b - 1]) + int(lengths[b - 1])
-        return ids[s:e]
+        return self._slice(k, ids, s, e, f"document {doc}")
 
     def doc_sentences(self, doc: int) -> list[np.ndarray]:
         a, b = self.doc_sentence_range(doc)
         return [self.sentence(i) for i in range(a, b)]
+
+    def shard_arrays(self) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
+        """Per shard: (its first global document, its first global sentence, its sentence lengths, its document
+        boundaries in local sentence indices), as memmaps opened one shard at a time and closed after — what a
+        pass over the whole corpus (the sample index) reads without holding every shard's arrays at once."""
+        for k in range(self.num_shards):
+            keep = k in self._open
+            _, _, lengths, bounds = self._shard(k)
+            yield int(self._docs[k]), int(self._sents[k]), lengths, bounds
+            if not keep:
+                self._open.pop(k, None)
 
     @property
     def sentence_lengths(self) -> np.ndarray:
@@ -188,7 +259,7 @@ class PreparedCorpus:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_open"] = {}
+        state["_open"] = OrderedDict()
         state["_lengths"] = None
         state["_bounds"] = None
         return state

@@ -22,6 +22,7 @@ A document never spans two shards, so a document's tokens are one contiguous sli
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import struct
@@ -31,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DataPrepError
+from .errors import DataPrepError, with_path
 
 FORMAT = "elasticbert-data_prep"  # manifest.json "format": a directory written by `data_prep tokenize`
 MAGIC = b"EBERTIDX"
@@ -170,7 +171,7 @@ class PartWriter:
     def __init__(self, target: ShardTarget, dtype: np.dtype) -> None:
         self.bin_path, self.idx_path = shard_paths(target)
         self.dtype = np.dtype(dtype)
-        self._f = open(self.bin_path, "wb")
+        self._f = open(self.bin_path, "wb")  # an OSError here names the file itself
         self._hash = hashlib.sha256()
         self._lengths: list[np.ndarray] = []
         self._doc_counts: list[np.ndarray] = []
@@ -183,21 +184,32 @@ class PartWriter:
         if len(sents_per_doc) == 0:
             return
         ids = np.ascontiguousarray(ids, dtype=self.dtype)
-        buf = memoryview(ids).cast("B")
-        self._f.write(buf)
-        self._hash.update(buf)
+        self.write_tokens(memoryview(ids).cast("B"))
         self._lengths.append(np.asarray(sent_lens, dtype=np.int32))
         self._doc_counts.append(np.asarray(sents_per_doc, dtype=np.int64))
         self.num_tokens += len(ids)
         self.num_sentences += len(sent_lens)
         self.num_docs += len(sents_per_doc)
 
+    def write_tokens(self, buf: memoryview) -> None:
+        """Append raw token bytes to the .bin (hashing them); a failed write (disk full) names the file."""
+        try:
+            self._f.write(buf)
+        except OSError as err:
+            with contextlib.suppress(OSError):  # its buffer cannot be flushed either
+                self._f.close()
+            raise with_path(err, self.bin_path) from None
+        self._hash.update(buf)
+
     def close(self) -> dict[str, Any]:
         """Finish both files and return their counts and hashes.
 
         No fsync: a unit is trusted after a crash only if its files re-hash to the recorded sha256 (the resume
         check), so durability comes from verification, not from flushing every part (costly on small units)."""
-        self._f.close()
+        try:
+            self._f.close()
+        except OSError as err:
+            raise with_path(err, self.bin_path) from None
         lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int32)
         counts = np.concatenate(self._doc_counts) if self._doc_counts else np.zeros(0, np.int64)
         bounds = np.zeros(len(counts) + 1, dtype=np.int64)
@@ -205,8 +217,11 @@ class PartWriter:
         bin_sha = self._hash.hexdigest()
         header = IdxHeader(VERSION, self.dtype.itemsize, self.num_sentences, self.num_docs, self.num_tokens, bin_sha)
         idx = pack_idx(header, lengths, bounds)
-        with open(self.idx_path, "wb") as f:
-            f.write(idx)
+        try:
+            with open(self.idx_path, "wb") as f:
+                f.write(idx)
+        except OSError as err:
+            raise with_path(err, self.idx_path) from None
         return {
             "docs": self.num_docs,
             "sentences": self.num_sentences,
@@ -289,9 +304,7 @@ def concat_shards(stems: list[Path], target: ShardTarget, dtype: np.dtype) -> di
         step = 1 << 24
         for a in range(0, len(ids), step):
             block = np.asarray(ids[a : a + step])
-            buf = memoryview(np.ascontiguousarray(block, dtype=writer.dtype)).cast("B")
-            writer._f.write(buf)
-            writer._hash.update(buf)
+            writer.write_tokens(memoryview(np.ascontiguousarray(block, dtype=writer.dtype)).cast("B"))
         writer._lengths.append(writer_lengths.astype(np.int32))
         writer._doc_counts.append(counts.astype(np.int64))
         writer.num_tokens += header.num_tokens

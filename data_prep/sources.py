@@ -182,8 +182,56 @@ def open_stream(path: str, compression: str) -> BinaryIO:
             import zstandard
         except ImportError as e:  # pragma: no cover - zstandard is in the train/dev extras
             raise DataPrepError(f"{path}: reading .zst needs the 'zstandard' package (pip install zstandard)") from e
-        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
+        return _ZstdStream(raw, zstandard.ZstdDecompressor())  # type: ignore[return-value]
     return raw
+
+
+class _ZstdStream:
+    """Decompressed bytes of a .zst file, frame after frame. Why not `ZstdDecompressor.stream_reader`: on a file cut
+    inside a frame it returns what it has and then b"" without an error, silently dropping the rest of the file;
+    here the end of the file inside a frame raises EOFError (reported as a truncated stream)."""
+
+    CHUNK = 64 << 10  # compressed bytes fed at a time (bounds the memory one feed can expand to)
+
+    def __init__(self, raw: BinaryIO, dctx: Any) -> None:
+        self._raw = raw
+        self._dctx = dctx
+        self._obj = dctx.decompressobj()
+        self._buf = bytearray()
+        self._in_frame = False
+        self._eof = False
+
+    def read(self, n: int) -> bytes:
+        while len(self._buf) < n and not self._eof:
+            chunk = self._raw.read(self.CHUNK)
+            if not chunk:
+                self._eof = True
+                if self._in_frame:
+                    raise EOFError("the file ends inside a zstd frame")
+                break
+            self._feed(chunk)
+        out = bytes(self._buf[:n])
+        del self._buf[:n]
+        return out
+
+    def _feed(self, data: bytes) -> None:
+        while data:
+            self._in_frame = True
+            self._buf += self._obj.decompress(data)
+            if not self._obj.eof:
+                return
+            data = self._obj.unused_data  # the next frame starts here
+            self._obj = self._dctx.decompressobj()
+            self._in_frame = False
+
+    def close(self) -> None:
+        self._raw.close()
+
+    def __enter__(self) -> _ZstdStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _read(stream: BinaryIO, n: int, path: str, compression: str) -> bytes:

@@ -1,8 +1,17 @@
-"""`stats DIR`: documents, sentences, tokens and length histograms (PNG), computed shard by shard (bounded memory)."""
+"""`stats DIR`: documents, sentences, tokens, the [UNK] rate and length histograms (PNG), computed shard by shard
+(bounded memory); and the [UNK]-rate guard of `tokenize`/`finalize` (`UnkGuard`, `DEFAULT_MAX_UNK_FRACTION`).
+
+Why a guard on the [UNK] rate: a vocabulary that does not fit the text (a 3-word vocab, an uncased vocab with
+lower-casing off, another script) still tokenizes "successfully", and pre-training then spends its compute on a
+corpus of [UNK]s. The default threshold is measured (bench/unk_rates.py; figures beside
+`DEFAULT_MAX_UNK_FRACTION`).
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +19,76 @@ import numpy as np
 
 from common.io import atomic_path
 
+from .errors import DataPrepError, output_errors
 from .reader import PreparedCorpus
 from .util import atomic_write_json
 
+log = logging.getLogger("data_prep")
+
 CLIP = 4096  # lengths above this land in the last histogram bin
+
+# The [UNK] share of all tokens above which `tokenize` and `finalize` refuse a corpus (`--max-unk-fraction`), and
+# `pretrain` too (it reads `totals.unk_tokens` / `totals.tokens` of manifest.json). Measured by
+# bench/unk_rates.py on ../shared/data/corpus (104 English Gutenberg books = 15.6 M tokens, 1 Spanish
+# book, WikiText-2 test), documents read as `tokenize` reads them; [UNK] share of all tokens (per-book range):
+#   bert-base-uncased (matching)             0.0016 % Gutenberg (books 0-0.12 %), 0.011 % WikiText, 0 % Spanish
+#   the same vocab with lower-casing off     8.9 % Gutenberg (books 2.7-55 %), 16 % WikiText
+#   a Cyrillic-script WordPiece (30k)        71 % Gutenberg (books 52-80 %), 72 % WikiText
+#   a 3-word vocab (the, of, and)            90 % Gutenberg (books 84-98 %), 88 % WikiText
+# 1 % is 8x the worst single book of the matching vocab and below every single book of the wrong ones. What it does
+# not catch is another language in the same script (a Spanish WordPiece on English: 1.7 %, books 0.15-8.5 %); what it
+# does refuse is a weak self-trained vocab on text it never saw (a cased 30k WordPiece trained on 20 books: 0.06 % on
+# Gutenberg, 2.1 % on WikiText's non-Latin characters): --max-unk-fraction accepts such a corpus knowingly.
+DEFAULT_MAX_UNK_FRACTION = 0.01
+# the running rate is checked once this many tokens are in (~400 KB of text: one tokenizer batch of one worker), so
+# a wrong vocab stops a 160 GB run after its first megabytes; the whole corpus is checked at the end either way
+UNK_CHECK_MIN_TOKENS = 100_000
+
+
+def unk_fraction(unk: int, tokens: int) -> float:
+    return unk / tokens if tokens else 0.0
+
+
+def describe_unk(unk: int, tokens: int) -> str:
+    """'0.0123 % [UNK] (12 of 97,561 tokens)'."""
+    return f"{100 * unk_fraction(unk, tokens):.3g} % [UNK] ({unk:,} of {tokens:,} tokens)"
+
+
+def unk_fraction_problem(value: float) -> str | None:
+    """Why `value` is not a valid --max-unk-fraction (None when it is)."""
+    if not 0.0 <= value <= 1.0:  # also False for NaN
+        return f"--max-unk-fraction must be in [0, 1] (got {value})"
+    return None
+
+
+@dataclass
+class UnkGuard:
+    """Counts tokens and [UNK]s as units are tokenized and refuses (DataPrepError) once the running rate is above
+    `max_fraction`: after `UNK_CHECK_MIN_TOKENS` while running, on any count when `complete`."""
+
+    max_fraction: float
+    tokenizer: str  # the tokenizer file named in the refusal
+    out: Path
+    tokens: int = 0
+    unk: int = 0
+
+    def add(self, tokens: int, unk: int) -> None:
+        self.tokens += tokens
+        self.unk += unk
+
+    def check(self, complete: bool = False) -> None:
+        if self.tokens == 0 or (not complete and self.tokens < UNK_CHECK_MIN_TOKENS):
+            return
+        if unk_fraction(self.unk, self.tokens) <= self.max_fraction:
+            return
+        which = "all" if complete else "the first"
+        raise DataPrepError(
+            f"{self.out}: {100 * unk_fraction(self.unk, self.tokens):.3g} % of {which} {self.tokens:,} tokens are "
+            f"[UNK] with the tokenizer {self.tokenizer}, above --max-unk-fraction {self.max_fraction:g}: the "
+            "vocabulary does not fit this text (another vocab, uncased vs cased, another language?); nothing is "
+            "finalized. Use a matching --tokenizer and a new --output, or accept it with --max-unk-fraction 1 "
+            "(finished units are kept)"
+        )
 
 
 def _percentiles(counts: np.ndarray, qs: tuple[float, ...]) -> list[int]:
@@ -43,10 +118,13 @@ def split_stats(corpus: PreparedCorpus) -> dict[str, Any]:
         max_sent = max(max_sent, int(lengths.max()))
         max_doc = max(max_doc, int(doc_tokens.max()) if len(doc_tokens) else 0)
     qs = (0.5, 0.9, 0.99)
+    unk = split_unk_tokens(corpus)
     return {
         "docs": corpus.num_docs,
         "sentences": corpus.num_sentences,
         "tokens": corpus.num_tokens,
+        "unk_tokens": unk,
+        "unk_fraction": unk_fraction(unk, corpus.num_tokens),
         "shards": corpus.num_shards,
         "tokens_per_sentence": {
             "mean": corpus.num_tokens / max(1, corpus.num_sentences),
@@ -64,6 +142,21 @@ def split_stats(corpus: PreparedCorpus) -> dict[str, Any]:
         },
         "_hist": {"sentence_tokens": sent_hist, "doc_tokens": doc_tok_hist, "doc_sentences": doc_sent_hist},
     }
+
+
+def split_unk_tokens(corpus: PreparedCorpus) -> int:
+    """[UNK] tokens of a split: from the manifest (tokenize counts them), else counted in the shards (a corpus
+    prepared before the count was recorded)."""
+    recorded = corpus.manifest["splits"][corpus.split].get("unk_tokens")
+    if recorded is not None:
+        return int(recorded)
+    unk_id = corpus.special_ids["unk"]
+    total = 0
+    for k in range(corpus.num_shards):
+        ids = corpus._shard(k)[0]
+        for a in range(0, len(ids), 1 << 24):
+            total += int(np.count_nonzero(np.asarray(ids[a : a + (1 << 24)]) == unk_id))
+    return total
 
 
 def _plot(stats: dict[str, Any], split: str, path: Path) -> None:
@@ -96,20 +189,37 @@ def _plot(stats: dict[str, Any], split: str, path: Path) -> None:
 
 
 def corpus_stats(out_dir: str | os.PathLike, output_dir: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Stats of every split; writes `stats.json` and `<split>_lengths.png` into output_dir (default OUT/stats)."""
+    """Stats of every split and the [UNK] rate of the whole corpus (a warning when it is above
+    `DEFAULT_MAX_UNK_FRACTION`); writes `stats.json` and `<split>_lengths.png` into output_dir (default OUT/stats)."""
     out = Path(out_dir)
     pdir = Path(output_dir) if output_dir is not None else out / "stats"
-    pdir.mkdir(parents=True, exist_ok=True)
     first = PreparedCorpus(out, "train")
     result: dict[str, Any] = {"manifest_sha256": first.manifest_hash, "splits": {}}
-    for split in first.manifest["splits"]:
-        corpus = first if split == "train" else PreparedCorpus(out, split)
-        st = split_stats(corpus)
-        if corpus.num_docs:
-            png = pdir / f"{split}_lengths.png"
-            _plot(st, split, png)
-            st["plot"] = str(png)
-        st.pop("_hist")
-        result["splits"][split] = st
-    atomic_write_json(pdir / "stats.json", result)
+    with output_errors(pdir, after="no stats were written: {todo} and rerun"):
+        pdir.mkdir(parents=True, exist_ok=True)
+        for split in first.manifest["splits"]:
+            corpus = first if split == "train" else PreparedCorpus(out, split)
+            st = split_stats(corpus)
+            if corpus.num_docs:
+                png = pdir / f"{split}_lengths.png"
+                _plot(st, split, png)
+                st["plot"] = str(png)
+            st.pop("_hist")
+            result["splits"][split] = st
+        tokens = sum(s["tokens"] for s in result["splits"].values())
+        unk = sum(s["unk_tokens"] for s in result["splits"].values())
+        result["unk"] = {
+            "unk_tokens": unk,
+            "tokens": tokens,
+            "fraction": unk_fraction(unk, tokens),
+            "max_unk_fraction": DEFAULT_MAX_UNK_FRACTION,
+        }
+        if unk_fraction(unk, tokens) > DEFAULT_MAX_UNK_FRACTION:
+            log.warning(
+                "%s: %s, above the default --max-unk-fraction %g: the vocabulary does not fit this text",
+                out,
+                describe_unk(unk, tokens),
+                DEFAULT_MAX_UNK_FRACTION,
+            )
+        atomic_write_json(pdir / "stats.json", result)
     return result

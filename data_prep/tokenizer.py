@@ -4,7 +4,15 @@ unigram/BPE); save it as a directory with its hashes; encode documents into sent
 A tokenizer directory holds the model files plus `data_prep_tokenizer.json` (kind, lowercase, vocab size,
 special ids, sha256 of each file and one combined sha256). WordPiece directories also hold `tokenizer.json`,
 `tokenizer_config.json` and `special_tokens_map.json`, so `transformers.BertTokenizer.from_pretrained(dir)` loads
-them. [CLS] [SEP] [MASK] [PAD] [UNK] are always present (appended to an adopted vocab that lacks them).
+them. [CLS] [SEP] [MASK] [PAD] [UNK] are always present: appended, with a warning naming the file and the tokens,
+to an adopted vocab that lacks them (a vocab BERT was trained with has them all, so a missing one usually means the
+wrong file). A vocab whose lines hold whitespace (a text file, a `word count` dictionary, BPE merges) or that holds
+nothing but special tokens is refused; a vocab that merely does not fit the corpus is caught by `tokenize`'s [UNK]
+rate check (`data_prep.stats.UnkGuard`), which measures what matters instead of guessing from the vocab's size.
+
+`--tokenizer` (`resolve_tokenizer`) takes a data_prep tokenizer dir, a vocab.txt, a WordPiece tokenizer.json, an spm
+.model, a folder holding one of those (vocab.txt first), or a Hugging Face hub name (`bert-base-uncased`,
+`sentence-transformers/all-MiniLM-L6-v2`), resolved through the standard cache by `common.hub.resolve_pretrained`.
 
 Encoding fast path (WordPiece): each document is tokenized once with `encode_batch` (offsets come for free), the
 rule-based splitter's character spans are mapped onto token indices with `char_to_token`, and ids are cut into
@@ -15,7 +23,10 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import json
+import logging
 import os
+import re
 import shutil
 import typing
 from collections.abc import Callable, Iterable, Iterator
@@ -27,9 +38,10 @@ from typing import Any, Literal
 import numpy as np
 
 from common.config import choice_problem
+from common.hub import is_hub_id, resolve_pretrained
 from common.io import atomic_path
 
-from .errors import DataPrepError
+from .errors import DataPrepError, with_path
 from .shard_format import token_dtype
 from .splitter import split_sentences
 from .util import atomic_write_json, canonical_json, read_json, sha256_bytes, sha256_file
@@ -37,6 +49,10 @@ from .util import atomic_write_json, canonical_json, read_json, sha256_bytes, sh
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 SPECIAL_KEYS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
 META = "data_prep_tokenizer.json"
+META_KEYS = ("kind", "lowercase", "vocab_size", "special_ids", "files", "sha256", "dtype")
+MAX_VOCAB = 1 << 32  # ids are stored as uint32 at most
+
+log = logging.getLogger("data_prep")
 
 TokenizerKind = Literal["wordpiece", "unigram", "bpe"]  # `tokenizers` WordPiece, or sentencepiece unigram / BPE
 KINDS: tuple[str, ...] = typing.get_args(TokenizerKind)
@@ -107,9 +123,16 @@ def load_meta(directory: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         raise DataPrepError(f"{directory}: not a data_prep tokenizer directory (no {META})")
     try:
-        return read_json(path)
+        meta = read_json(path)
     except (OSError, ValueError) as e:
         raise DataPrepError(f"{path}: unreadable tokenizer metadata ({e})") from e
+    missing = [k for k in META_KEYS if not isinstance(meta, dict) or k not in meta]
+    if missing or not isinstance(meta["files"], dict) or set(meta["special_ids"]) != set(SPECIAL_KEYS):
+        raise DataPrepError(
+            f"{path}: damaged tokenizer metadata (missing or invalid: {', '.join(missing) or 'files/special_ids'}); "
+            "install the tokenizer again (--tokenizer) into a new --output"
+        )
+    return meta
 
 
 def check_tokenizer_dir(directory: str | os.PathLike) -> list[str]:
@@ -136,9 +159,9 @@ def install_tokenizer(final: Path, build: Callable[[Path], dict[str, Any]]) -> d
         with atomic_path(final, replace=False) as tmp:
             tmp.mkdir()
             new = build(tmp)
-    except OSError:  # FileExistsError, or the rename losing a race with another task
+    except OSError as err:  # FileExistsError, or the rename losing a race with another task; or disk full
         if not new or not final.is_dir():
-            raise
+            raise with_path(err, final) from None
         return _same_tokenizer(final, new)
     return new
 
@@ -178,20 +201,40 @@ def _write_hf_files(directory: Path, lowercase: bool) -> None:
 def _save_wordpiece(directory: Path, vocab: list[str], lowercase: bool) -> None:
     from tokenizers import BertWordPieceTokenizer
 
-    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    vocab_file = directory / "vocab.txt"
+    try:
+        vocab_file.write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    except OSError as err:
+        raise with_path(err, vocab_file) from None
     tok = BertWordPieceTokenizer(
-        str(directory / "vocab.txt"),
+        str(vocab_file),
         lowercase=lowercase,
         clean_text=True,
         handle_chinese_chars=True,
         strip_accents=None,
         wordpieces_prefix="##",
     )
-    tok.save(str(directory / "tokenizer.json"))
+    _save_tokenizer_json(tok, directory / "tokenizer.json")
     _write_hf_files(directory, lowercase)
 
 
+def _save_tokenizer_json(tok: Any, path: Path) -> None:
+    """`tok.save(path)`; the Rust library reports a failed write as a plain Exception ('... (os error 28)'): made an
+    OSError naming the file, like every other failed write."""
+    try:
+        tok.save(str(path))
+    except OSError as err:
+        raise with_path(err, path) from None
+    except Exception as err:
+        code = re.search(r"os error (\d+)", str(err))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from None
+
+
 def read_vocab(path: Path) -> list[str]:
+    """The tokens of a vocab.txt, one per line; refused when it cannot be a WordPiece vocab (empty, duplicates, a
+    line with whitespace: a text file, a `word count` dictionary or BPE merges passed by mistake)."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -205,25 +248,107 @@ def read_vocab(path: Path) -> list[str]:
     for i, t in enumerate(vocab):
         if t in seen:
             raise DataPrepError(f"{path}: line {i + 1}: duplicate token {t!r} (first on line {seen[t] + 1})")
+        if not t or any(c.isspace() for c in t):
+            raise DataPrepError(
+                f"{path}: line {i + 1}: {t[:40]!r} is not a WordPiece token (empty or holds whitespace): a vocab.txt "
+                "has one token per line; pass the vocab.txt of a BERT-style model"
+            )
         seen[t] = i
+    if all(t in SPECIAL_TOKENS or re.fullmatch(r"\[unused\d+\]", t) for t in vocab):
+        raise DataPrepError(f"{path}: holds only special tokens ({len(vocab)}): every word would be [UNK]")
     return vocab
 
 
+def _append_specials(vocab: list[str], path: Path) -> None:
+    """Append the special tokens `vocab` lacks (at the end: ids of a pretrained model's vocab stay put), loudly."""
+    missing = [t for t in SPECIAL_TOKENS if t not in vocab]
+    if not missing:
+        return
+    first = len(vocab)
+    vocab.extend(missing)
+    log.warning(
+        "%s: WARNING: the vocab has no %s: appended as id%s %s. A vocab a BERT model was trained with has all of "
+        "%s; check that this is the vocab you meant (a wrong one shows as a high [UNK] rate)",
+        path,
+        " ".join(missing),
+        "s" if len(missing) > 1 else "",
+        f"{first}-{first + len(missing) - 1}" if len(missing) > 1 else str(first),
+        " ".join(SPECIAL_TOKENS),
+    )
+
+
 def adopt_vocab(vocab_path: str | os.PathLike, out_dir: str | os.PathLike, lowercase: bool | None = None) -> dict:
-    """Make `out_dir` a WordPiece tokenizer dir from an existing vocab.txt (e.g. bert-base-uncased)."""
+    """Make `out_dir` a WordPiece tokenizer dir from an existing vocab.txt (e.g. bert-base-uncased).
+
+    `lowercase`: None takes `do_lower_case` from a tokenizer_config.json beside the vocab, else guesses it from the
+    vocab (uncased when no token outside brackets has an upper-case letter)."""
     vocab_path = Path(vocab_path)
     if vocab_path.is_dir():
         vocab_path = vocab_path / "vocab.txt"
     vocab = read_vocab(vocab_path)
-    for t in SPECIAL_TOKENS:
-        if t not in vocab:
-            vocab.append(t)  # appended at the end: ids of a pretrained model's vocab stay put
+    _append_specials(vocab, vocab_path)
+    if lowercase is None:
+        lowercase = _config_lowercase(vocab_path.parent)
     if lowercase is None:  # an uncased vocab has no A-Z outside bracketed specials ("[CLS]", "[unused0]")
         lowercase = not any(any("A" <= c <= "Z" for c in t) for t in vocab if not (t[:1] == "[" and t[-1:] == "]"))
 
     def build(tmp: Path) -> dict[str, Any]:
         _save_wordpiece(tmp, vocab, lowercase)
         return write_meta(tmp, "wordpiece", lowercase)
+
+    return install_tokenizer(Path(out_dir), build)
+
+
+def _config_lowercase(directory: Path) -> bool | None:
+    """`do_lower_case` of a tokenizer_config.json in `directory` (None when there is none or it does not say)."""
+    try:
+        value = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8")).get("do_lower_case")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, bool) else None
+
+
+def _json_lowercase(normalizer: Any) -> bool | None:
+    """Whether a tokenizer.json normalizer lower-cases (None when it cannot be told)."""
+    if not normalizer:
+        return False
+    if normalizer.get("type") == "BertNormalizer":
+        return bool(normalizer.get("lowercase", True))
+    if normalizer.get("type") == "Lowercase":
+        return True
+    if normalizer.get("type") == "Sequence":
+        found = [_json_lowercase(n) for n in normalizer.get("normalizers", [])]
+        return True if True in found else (None if None in found else False)
+    return None
+
+
+def adopt_tokenizer_json(path: str | os.PathLike, out_dir: str | os.PathLike) -> dict:
+    """Make `out_dir` a WordPiece tokenizer dir from the vocabulary of a WordPiece `tokenizer.json` (a model
+    directory without vocab.txt); other models (BPE, Unigram) are refused with what to pass instead."""
+    path = Path(path)
+    try:
+        model = json.loads(path.read_text(encoding="utf-8"))["model"]
+        kind, vocab_ids = model.get("type"), model.get("vocab")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise DataPrepError(f"{path}: not a readable tokenizers tokenizer.json ({type(e).__name__}: {e})") from None
+    if kind != "WordPiece" or not isinstance(vocab_ids, dict):
+        raise DataPrepError(
+            f"{path}: a {kind} tokenizer; data_prep adopts WordPiece (vocab.txt / tokenizer.json) or a sentencepiece "
+            ".model, or trains its own (train-tokenizer)"
+        )
+    if model.get("continuing_subword_prefix", "##") != "##":
+        raise DataPrepError(f"{path}: WordPiece prefix {model['continuing_subword_prefix']!r}, data_prep needs '##'")
+    vocab = sorted(vocab_ids, key=vocab_ids.__getitem__)
+    if [vocab_ids[t] for t in vocab] != list(range(len(vocab))):
+        raise DataPrepError(f"{path}: the WordPiece vocab ids are not 0..{len(vocab) - 1} without gaps")
+    _append_specials(vocab, path)
+    lowercase = _config_lowercase(path.parent)
+    if lowercase is None:
+        lowercase = _json_lowercase(json.loads(path.read_text(encoding="utf-8")).get("normalizer"))
+
+    def build(tmp: Path) -> dict[str, Any]:
+        _save_wordpiece(tmp, vocab, bool(lowercase))
+        return write_meta(tmp, "wordpiece", bool(lowercase))
 
     return install_tokenizer(Path(out_dir), build)
 
@@ -235,7 +360,10 @@ def adopt_spm(model_path: str | os.PathLike, out_dir: str | os.PathLike) -> dict
         import sentencepiece as spm
 
         shutil.copyfile(model_path, tmp / "spm.model")
-        sp = spm.SentencePieceProcessor(model_file=str(tmp / "spm.model"))
+        try:
+            sp = spm.SentencePieceProcessor(model_file=str(tmp / "spm.model"))
+        except (RuntimeError, OSError) as e:
+            raise DataPrepError(f"{model_path}: not a sentencepiece model ({e})") from None
         if sp.get_piece_size() == 0:
             raise DataPrepError(f"{model_path}: empty sentencepiece model")
         return write_meta(tmp, "sentencepiece", False)
@@ -243,10 +371,40 @@ def adopt_spm(model_path: str | os.PathLike, out_dir: str | os.PathLike) -> dict
     return install_tokenizer(Path(out_dir), build)
 
 
+_EXPECTED = (
+    "expected a data_prep tokenizer dir, a vocab.txt, a WordPiece tokenizer.json, an spm .model, a folder holding "
+    "one, or a Hugging Face hub name such as bert-base-uncased"
+)
+
+
+def _local_source(source: str | os.PathLike) -> Path:
+    """`source` itself when it exists, else the hub snapshot of a hub name (`common.hub.resolve_pretrained`: the
+    standard cache, offline mode respected, a how-to when it is not cached)."""
+    src = Path(os.path.expanduser(str(source)))
+    if src.exists():
+        return src
+    text = str(source)
+    if not is_hub_id(text) or src.suffix in (".txt", ".model", ".json"):
+        raise DataPrepError(f"{text}: not a tokenizer: no such file or directory ({_EXPECTED})")
+    return resolve_pretrained(text, what="--tokenizer")
+
+
+def _tokenizer_file_in(directory: Path) -> Path:
+    """The file a model folder's tokenizer is adopted from: vocab.txt, else tokenizer.json, else its one .model."""
+    for name in ("vocab.txt", "tokenizer.json"):
+        if (directory / name).is_file():
+            return directory / name
+    models = sorted(directory.glob("*.model"))
+    if len(models) == 1:
+        return models[0]
+    found = ", ".join(sorted(p.name for p in directory.iterdir())[:8]) or "nothing"
+    raise DataPrepError(f"{directory}: not a tokenizer ({_EXPECTED}; found: {found})")
+
+
 def resolve_tokenizer(source: str | os.PathLike, out_dir: str | os.PathLike) -> dict:
-    """Install the tokenizer named by `source` (our tokenizer dir, a vocab.txt or a folder holding one, an
-    spm .model) as `out_dir`, or check that the one already there is the same."""
-    src = Path(source)
+    """Install the tokenizer named by `source` (see the module docstring for what it may be) as `out_dir`, or check
+    that the one already there is the same."""
+    src = _local_source(source)
     if src.is_dir() and (src / META).is_file():
         problems = check_tokenizer_dir(src)
         if problems:
@@ -260,11 +418,19 @@ def resolve_tokenizer(source: str | os.PathLike, out_dir: str | os.PathLike) -> 
             return load_meta(tmp)
 
         return install_tokenizer(Path(out_dir), build)
-    if src.is_file() and src.suffix == ".model":
+    if src.is_dir():
+        src = _tokenizer_file_in(src)
+    if src.suffix == ".model":
         return adopt_spm(src, out_dir)
-    if src.is_file() or (src.is_dir() and (src / "vocab.txt").is_file()):
-        return adopt_vocab(src, out_dir)
-    raise DataPrepError(f"{src}: not a tokenizer (expected a data_prep tokenizer dir, a vocab.txt or a .model)")
+    if src.suffix == ".json":
+        return adopt_tokenizer_json(src, out_dir)
+    return adopt_vocab(src, out_dir)
+
+
+def tokenizer_file(directory: str | os.PathLike) -> Path:
+    """The model file of an installed tokenizer (vocab.txt or spm.model): what a message about its vocab names."""
+    directory = Path(directory)
+    return directory / ("vocab.txt" if load_meta(directory)["kind"] == "wordpiece" else "spm.model")
 
 
 # -------------------------------------------------------------------------------------------------- training
@@ -282,6 +448,10 @@ def train_tokenizer(
     problem = choice_problem("tokenizer kind", kind, KINDS)
     if problem:
         raise DataPrepError(problem)
+    if not len(SPECIAL_TOKENS) < vocab_size < MAX_VOCAB:
+        raise DataPrepError(f"--vocab-size must be in {len(SPECIAL_TOKENS) + 1}..{MAX_VOCAB - 1} (got {vocab_size})")
+    if threads < 1:
+        raise DataPrepError(f"--threads must be >= 1 (got {threads})")
 
     def build(tmp: Path) -> dict[str, Any]:
         docs = _Counted(texts)

@@ -10,6 +10,8 @@ from typing import Any
 
 from common.io import atomic_write_bytes
 
+from .errors import DataPrepError, with_path
+
 HASH_BLOCK = 8 << 20
 
 
@@ -38,10 +40,27 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> bytes:
     """Canonical JSON written atomically (`common.io.atomic_write_bytes`); returns the bytes written (callers hash
     them)."""
     data = canonical_json(obj).encode("utf-8")
-    atomic_write_bytes(path, data)
+    try:
+        atomic_write_bytes(path, data)
+    except OSError as err:  # a failed write() names no file
+        raise with_path(err, path) from None
     return data
 
 
 def read_json(path: str | os.PathLike) -> Any:
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+def read_json_record(path: str | os.PathLike, todo: str) -> dict[str, Any]:
+    """A JSON object written by data_prep; a damaged one (not UTF-8 JSON, not an object) is a DataPrepError naming
+    the file and saying what to do (`todo`)."""
+    try:
+        obj = read_json(path)
+    except OSError as err:
+        raise DataPrepError(f"{path}: cannot read ({err.strerror or err}); {todo}") from None
+    except ValueError as err:  # JSONDecodeError and UnicodeDecodeError
+        raise DataPrepError(f"{path}: damaged, not valid UTF-8 JSON ({err}); {todo}") from None
+    if not isinstance(obj, dict):
+        raise DataPrepError(f"{path}: damaged, a JSON {type(obj).__name__} instead of an object; {todo}")
+    return obj

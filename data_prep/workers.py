@@ -29,6 +29,7 @@ import numpy as np
 from common.io import atomic_path
 
 from . import sources as S
+from .errors import with_path
 from .plan import SPLITS, load_unit, unit_dir, unit_temp_dirs
 from .shard_format import SplitWriter
 from .tokenizer import Encoder
@@ -38,7 +39,7 @@ log = logging.getLogger("data_prep")
 
 BATCH_CHARS = 1 << 20  # characters of text tokenized per tokenizer call
 
-ProgressFn = Callable[[int, int, int], None]  # (bytes read, documents, tokens) since the last call
+ProgressFn = Callable[[int, int, int, int], None]  # (bytes read, documents, tokens, [UNK] tokens) since the last call
 
 
 @dataclass
@@ -112,17 +113,27 @@ class _Batch:
 
 
 class _UnitWriter:
-    """The train/valid parts of one unit being written, its running totals, and its progress reports."""
+    """The train/valid parts of one unit being written, its running totals ([UNK]s per split too), and its progress
+    reports."""
 
     def __init__(
-        self, directory: Path, dtype: np.dtype, shard_tokens: int, stats: S.ReadStats, progress: ProgressFn | None
+        self, directory: Path, encoder: Encoder, shard_tokens: int, stats: S.ReadStats, progress: ProgressFn | None
     ) -> None:
-        self.writers = {s: SplitWriter(directory, s, dtype, shard_tokens) for s in SPLITS}
+        self.writers = {s: SplitWriter(directory, s, encoder.dtype, shard_tokens) for s in SPLITS}
+        self.unk_id = encoder.meta["special_ids"]["unk"]
         self.stats = stats
         self.progress = progress
         self.docs = 0
         self.tokens = 0
+        self.unk = dict.fromkeys(SPLITS, 0)
         self._reported = 0
+
+    def _write(self, split: str, ids: np.ndarray, lens: np.ndarray, counts: np.ndarray) -> int:
+        """Write documents to one split; returns their [UNK] count."""
+        self.writers[split].add(ids, lens, counts)
+        unk = int(np.count_nonzero(ids == self.unk_id))
+        self.unk[split] += unk
+        return unk
 
     def add(self, encoded: tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> None:
         """Write the complete documents of one `_Batch.encode` (empty documents are dropped)."""
@@ -131,21 +142,21 @@ class _UnitWriter:
             return
         kept = counts > 0
         if not valid.any():
-            self.writers["train"].add(ids, lens, counts[kept])
+            unk = self._write("train", ids, lens, counts[kept])
         elif valid.all():
-            self.writers["valid"].add(ids, lens, counts[kept])
+            unk = self._write("valid", ids, lens, counts[kept])
         else:
             doc_of = np.repeat(np.arange(len(counts)), counts)
             doc_tokens = np.bincount(doc_of, weights=lens, minlength=len(counts)).astype(np.int64)
             tok_mask = np.repeat(valid, doc_tokens)
             sent_mask = np.repeat(valid, counts)
-            self.writers["valid"].add(ids[tok_mask], lens[sent_mask], counts[valid & kept])
-            self.writers["train"].add(ids[~tok_mask], lens[~sent_mask], counts[~valid & kept])
+            unk = self._write("valid", ids[tok_mask], lens[sent_mask], counts[valid & kept])
+            unk += self._write("train", ids[~tok_mask], lens[~sent_mask], counts[~valid & kept])
         docs = int(kept.sum())
         self.docs += docs
         self.tokens += len(ids)
         if self.progress is not None:
-            self.progress(self.stats.bytes_read - self._reported, docs, len(ids))
+            self.progress(self.stats.bytes_read - self._reported, docs, len(ids), unk)
             self._reported = self.stats.bytes_read
 
     def close(self) -> dict[str, list[dict[str, Any]]]:
@@ -168,7 +179,7 @@ def _write_unit(
     """Tokenize unit `u` into `directory`: its train/valid parts and `unit.json` (its record)."""
     plan, cfg = ctx.plan, ctx.plan["config"]
     stats = S.ReadStats(hasher=hashlib.sha256())
-    writer = _UnitWriter(directory, encoder.dtype, cfg["shard_tokens"], stats, progress)
+    writer = _UnitWriter(directory, encoder, cfg["shard_tokens"], stats, progress)
     batch = _Batch()
     for doc_id, text, src_key in _unit_documents(plan, u, stats):
         if batch.add(doc_id, text, src_key, cfg) >= BATCH_CHARS:
@@ -183,11 +194,16 @@ def _write_unit(
         "decode_errors": stats.decode_errors,
         "docs": writer.docs,
         "tokens": writer.tokens,
+        "unk_tokens": writer.unk,
         "parts": writer.close(),
     }
     if stats.decode_errors:
         log.warning("unit %d: %d undecodable byte sequences replaced by U+FFFD", u, stats.decode_errors)
-    (directory / "unit.json").write_text(canonical_json(info), encoding="utf-8")  # re-hashed on resume: no fsync
+    record = directory / "unit.json"
+    try:
+        record.write_text(canonical_json(info), encoding="utf-8")  # re-hashed on resume: no fsync
+    except OSError as err:
+        raise with_path(err, record) from None
     return info
 
 
@@ -258,17 +274,18 @@ def _worker_init(ctx: UnitContext, q: Any, threads: int, parent: int) -> None:
 
 def _worker_run(u: int) -> dict[str, Any]:
     q = _W["q"]
-    return process_unit(u, _W["ctx"], _W["enc"], lambda b, d, t: q.put((b, d, t)))
+    return process_unit(u, _W["ctx"], _W["enc"], lambda b, d, t, k: q.put((b, d, t, k)))
 
 
 class Progress:
-    """A tqdm bar over the input bytes of the units to do, with documents, tokens and tokens/s (a no-op when
-    disabled)."""
+    """A tqdm bar over the input bytes of the units to do, with documents, tokens, tokens/s and the [UNK] rate (a
+    no-op when disabled)."""
 
     def __init__(self, total: int, enabled: bool, desc: str) -> None:
         self.bar = None
         self.docs = 0
         self.tokens = 0
+        self.unk = 0
         self.t0 = time.perf_counter()
         if enabled:
             from tqdm import tqdm
@@ -286,13 +303,15 @@ class Progress:
                 file=sys.stderr,
             )
 
-    def update(self, nbytes: int, docs: int, tokens: int) -> None:
+    def update(self, nbytes: int, docs: int, tokens: int, unk: int) -> None:
         self.docs += docs
         self.tokens += tokens
+        self.unk += unk
         if self.bar is not None:
             self.bar.update(nbytes)
             rate = self.tokens / max(1e-9, time.perf_counter() - self.t0)
-            self.bar.set_postfix(docs=self.docs, tokens=self.tokens, tok_s=f"{rate:,.0f}", refresh=False)
+            unk_pct = f"{100 * self.unk / max(1, self.tokens):.3g}%"
+            self.bar.set_postfix(docs=self.docs, tokens=self.tokens, tok_s=f"{rate:,.0f}", unk=unk_pct, refresh=False)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -308,38 +327,40 @@ def unit_size(plan: dict[str, Any], u: int) -> int:
     return total
 
 
-def run_units(todo: list[int], ctx: UnitContext, workers: int, threads: int, bar: Progress) -> None:
-    """Process units `todo`: in this process for one worker or one unit, else in a pool of `workers` processes."""
+def run_units(todo: list[int], ctx: UnitContext, workers: int, threads: int, report: ProgressFn) -> None:
+    """Process units `todo`: in this process for one worker or one unit, else in a pool of `workers` processes.
+    `report` gets the progress of every batch (in this process); an exception it raises stops the run, as a
+    worker's error does."""
     if not todo:
         return
     if workers <= 1 or len(todo) == 1:
         with _tokenizer_threads(threads):
             enc = Encoder(ctx.tokenizer_dir, ctx.plan["config"]["max_sentence_tokens"])
             for u in todo:
-                process_unit(u, ctx, enc, bar.update)
+                process_unit(u, ctx, enc, report)
         return
-    _run_in_pool(todo, ctx, min(workers, len(todo)), threads, bar)
+    _run_in_pool(todo, ctx, min(workers, len(todo)), threads, report)
 
 
-def _drain(q: Any, bar: Progress, timeout: float | None) -> None:
-    """Feed the bar every progress report waiting in `q` (waiting up to `timeout` for the first)."""
+def _drain(q: Any, report: ProgressFn, timeout: float | None) -> None:
+    """Pass every progress report waiting in `q` on to `report` (waiting up to `timeout` for the first)."""
     try:
         while True:
-            bar.update(*(q.get(timeout=timeout) if timeout else q.get_nowait()))
+            report(*(q.get(timeout=timeout) if timeout else q.get_nowait()))
     except queue.Empty:
         pass
 
 
-def _run_in_pool(todo: list[int], ctx: UnitContext, workers: int, threads: int, bar: Progress) -> None:
-    """Forked workers (they inherit the plan); a worker's error is re-raised here, and on any error or Ctrl-C the
-    pool is terminated and its temporary unit directories removed."""
+def _run_in_pool(todo: list[int], ctx: UnitContext, workers: int, threads: int, report: ProgressFn) -> None:
+    """Forked workers (they inherit the plan); a worker's error (or one raised by `report`) is re-raised here, and
+    on any error or Ctrl-C the pool is terminated and its temporary unit directories removed."""
     mctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     q = mctx.Queue()
     pool = mctx.Pool(workers, initializer=_worker_init, initargs=(ctx, q, threads, os.getpid()))
     try:
         pending = [pool.apply_async(_worker_run, (u,)) for u in todo]
         while pending:
-            _drain(q, bar, timeout=0.1)
+            _drain(q, report, timeout=0.1)
             still = []
             for result in pending:
                 if result.ready():
@@ -356,4 +377,4 @@ def _run_in_pool(todo: list[int], ctx: UnitContext, workers: int, threads: int, 
             for t in unit_temp_dirs(ctx.out, ctx.keys[u]):
                 shutil.rmtree(t, ignore_errors=True)
         raise
-    _drain(q, bar, timeout=None)
+    _drain(q, report, timeout=None)

@@ -17,6 +17,8 @@
 # Outside an array (plain sbatch or bash) it tokenizes everything in one task (J=1; data_prep then finalizes itself).
 # data_prep uses --workers = SLURM_CPUS_PER_TASK processes per task by default.
 #   `prep_data.sh finalize OUT [OPTIONS...]`  runs `python -m data_prep finalize OUT [OPTIONS...]`.
+# A --max-unk-fraction F among the tokenize arguments of `submit` is passed to the finalize job too (both refuse a
+# corpus whose [UNK] rate is above it: a vocabulary that does not fit the text; a task refuses after its first units).
 #
 # Relative paths are relative to the repository root (the job cd-s there). Sizes: the #SBATCH lines are defaults;
 # sbatch options win (submit: options before `--`). Env:
@@ -47,11 +49,14 @@ if [ "${1:-}" = submit ]; then
   [ "${1:-}" = -- ] || eb_die "usage: $0 submit [SBATCH OPTIONS...] -- INPUTS... --output OUT --tokenizer VOCAB [...]"
   shift
   out=""
+  fin_args=() # tokenize options that finalize must repeat
   args=("$@")
   for ((i = 0; i < ${#args[@]}; i++)); do
     case ${args[$i]} in
       --output) out=${args[$((i + 1))]:-} ;;
       --output=*) out=${args[$i]#--output=} ;;
+      --max-unk-fraction) fin_args+=(--max-unk-fraction "${args[$((i + 1))]:-}") ;;
+      --max-unk-fraction=*) fin_args+=("${args[$i]}") ;;
     esac
   done
   [ -n "$out" ] || eb_die "submit: the tokenize arguments need --output OUT"
@@ -69,7 +74,7 @@ if [ "${1:-}" = submit ]; then
     esac
   done
   fin_id=$(sbatch --parsable "${fin_opts[@]}" --job-name=eb-prep-finalize --output=%x-%j.out \
-    --dependency="afterok:$array_id" --kill-on-invalid-dep=yes "$script" finalize "$out")
+    --dependency="afterok:$array_id" --kill-on-invalid-dep=yes "$script" finalize "$out" "${fin_args[@]}")
   fin_id=${fin_id%%;*}
   echo "$array_id ${fin_id}"
   exit 0

@@ -203,3 +203,104 @@ def test_stats_output_and_one_line_errors(small_prepared, tmp_path, capsys, monk
 
     monkeypatch.setitem(M.COMMANDS, "finalize", interrupted)
     assert M.main(["finalize", str(tmp_path)]) == 130
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["tokenize", "{book}", "--output", "{tmp}/o", "--tokenizer", "{vocab}", "--workers", "0"],
+            "--workers must be >= 1",
+        ),
+        (
+            ["tokenize", "{book}", "--output", "{tmp}/o", "--tokenizer", "{vocab}", "--threads-per-worker", "0"],
+            "--threads-per-worker must be >= 1",
+        ),
+        (
+            ["tokenize", "{book}", "--output", "{tmp}/o", "--tokenizer", "{vocab}", "--num-tasks", "0"],
+            "--num-tasks must be >= 1",
+        ),
+        (
+            ["tokenize", "{book}", "--output", "{tmp}/o", "--tokenizer", "{vocab}", "--max-unk-fraction", "nan"],
+            "--max-unk-fraction must be in [0, 1]",
+        ),
+        (
+            ["tokenize", "{book}", "--output", "{tmp}/o", "--tokenizer", "{vocab}", "--max-doc-bytes", "100"],
+            "--max-doc-bytes must be >= 1K",
+        ),
+        (
+            ["tokenize", "{book}", "--output", "{tmp}/o", "--tokenizer", "{vocab}", "--shard-tokens", "0"],
+            "--shard-tokens must be >= 1",
+        ),
+        (["tokenize", "{book}", "--output", "{book}", "--tokenizer", "{vocab}"], "exists and is not a directory"),
+        (["finalize", "{tmp}", "--max-unk-fraction", "-1"], "--max-unk-fraction must be in [0, 1]"),
+        (["train-tokenizer", "{book}", "--output", "{tmp}/o", "--vocab-size", "3"], "--vocab-size must be in 6.."),
+        (["train-tokenizer", "{book}", "--output", "{tmp}/o", "--threads", "0"], "--threads must be >= 1"),
+        (["train-tokenizer", "{book}", "--output", "{tmp}/o", "--max-bytes", "0"], "--max-bytes must be > 0"),
+        (["verify", "{tmp}/nowhere"], "no such directory"),
+        (["verify", "{tmp}", "--workers", "0"], "--workers must be >= 1"),
+        (["stats", "{tmp}/nowhere"], "prepared corpus directory not found"),
+    ],
+)
+def test_numeric_ranges_and_paths_are_checked_up_front(tmp_path, dp, vocab, gutenberg, args, message):
+    fill = {"tmp": str(tmp_path), "vocab": str(vocab), "book": str(gutenberg / "1952-0.txt")}
+    r = dp.run_cli(*[a.format(**fill) for a in args])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith("data_prep: error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "o").exists()  # nothing was written
+
+
+def test_damaged_work_files_are_named(tmp_path, dp, small_books, vocab):
+    from data_prep import tokenize_corpus
+
+    out = tmp_path / "o"
+    settings = dict(unit_bytes=48 << 10, shard_tokens=30_000, valid_fraction=0.05)
+    tokenize_corpus(small_books, out, tokenizer=vocab, finalize=False, **settings)
+    plan = out / ".work" / "plan.json"
+    plan.write_bytes(plan.read_bytes()[:100])
+    base = ["tokenize", *small_books, "--output", str(out), "--tokenizer", str(vocab), "--unit-size", "48K"]
+    base += ["--shard-tokens", "30000", "--valid-fraction", "0.05", "--no-progress"]
+    for args in (base, ["finalize", str(out)]):
+        r = dp.run_cli(*args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+        assert f"{plan}: damaged, not valid UTF-8 JSON" in r.stderr and "delete it and rerun tokenize" in r.stderr
+    plan.unlink()  # what the message says to do: the finished units are reused
+    r = dp.run_cli(*base)
+    assert r.returncode == 0, r.stderr
+    task = json.loads((out / ".work" / "tasks" / "task_00000_of_00001.json").read_text())
+    assert task["units_done_now"] == []
+    manifest = out / "manifest.json"
+    manifest.write_text("{")
+    r = dp.run_cli(*base)
+    assert r.returncode == 2 and f"{manifest}: damaged, not valid UTF-8 JSON" in r.stderr and "new --output" in r.stderr
+
+
+def test_submit_passes_the_unk_threshold_to_finalize(tmp_path, dp):
+    """`prep_data.sh submit -- ... --max-unk-fraction F`: the finalize job gets F too (it would refuse otherwise)."""
+    import os
+    import subprocess
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    log = tmp_path / "sbatch.log"
+    (fake / "sbatch").write_text(f'#!/bin/bash\necho "$*" >> {log}\necho $((RANDOM + 100))\n')
+    (fake / "sbatch").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "PREP_TASKS": "2"}
+    for flag in (["--max-unk-fraction", "0.3"], ["--max-unk-fraction=0.3"]):
+        log.unlink(missing_ok=True)
+        args = ["bash", "slurm/prep_data.sh", "submit", "-p", "cpu", "--", "a.txt", "--output", "OUT", *flag]
+        r = subprocess.run(args, cwd=dp.REPO, env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        array_call, finalize_call = log.read_text().splitlines()
+        assert array_call.endswith("slurm/prep_data.sh a.txt --output OUT " + " ".join(flag))
+        assert finalize_call.endswith("slurm/prep_data.sh finalize OUT " + " ".join(flag))
+
+
+def test_cased_applies_to_an_adopted_vocab(tmp_path, dp, vocab):
+    """--vocab with --cased keeps case (it was ignored before); without, the vocab's own tokenizer_config decides."""
+    for flag, lowercase in (([], True), (["--cased"], False), (["--no-cased"], True)):
+        out = tmp_path / f"o{len(flag)}{lowercase}"
+        r = dp.run_cli("train-tokenizer", "--output", str(out), "--vocab", str(vocab), *flag)
+        assert r.returncode == 0, r.stderr
+        assert json.loads((out / "tokenizer" / "data_prep_tokenizer.json").read_text())["lowercase"] is lowercase

@@ -168,3 +168,126 @@ def test_unknown_kind_names_the_choices(tmp_path):
     with pytest.raises(DataPrepError, match=r"tokenizer kind='unigam' \(did you mean 'unigram'\?\)"):
         train_tokenizer(["Some text."], tmp_path / "tok", kind="unigam")
     assert not (tmp_path / "tok").exists()
+
+
+def test_missing_specials_are_appended_with_a_loud_warning(tmp_path, caplog, dp, gutenberg):
+    v = tmp_path / "vocab.txt"
+    v.write_text("\n".join(["[PAD]", "[UNK]", "the", "cat", "##s", "sat", "."]) + "\n")
+    with caplog.at_level("WARNING", logger="data_prep"):
+        adopt_vocab(v, tmp_path / "tok")
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning.startswith(f"{v}: WARNING: the vocab has no [CLS] [SEP] [MASK]: appended as ids 7-9")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="data_prep"):
+        adopt_vocab(tmp_path / "tok" / "vocab.txt", tmp_path / "tok2")  # a complete vocab: silent
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    # the CLI shows it on stderr, naming the file
+    r = dp.run_cli("train-tokenizer", "--output", str(tmp_path / "o"), "--vocab", str(v))
+    assert r.returncode == 0 and f"{v}: WARNING: the vocab has no [CLS] [SEP] [MASK]" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (["[PAD]", "[UNK]", "the 12043", "of 9032"], r"line 3: 'the 12043' is not a WordPiece token"),
+        (["[PAD]", "", "the"], r"line 2: '' is not a WordPiece token"),
+        (["[PAD]", "[UNK]", "[CLS]", "[unused0]"], r"holds only special tokens \(4\): every word would be \[UNK\]"),
+    ],
+)
+def test_vocab_files_that_cannot_be_a_vocab_are_refused(tmp_path, lines, message):
+    v = tmp_path / "vocab.txt"
+    v.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataPrepError, match=re.escape(str(v)) + ": " + message):
+        adopt_vocab(v, tmp_path / "tok")
+    assert not (tmp_path / "tok").exists()
+
+
+def test_a_wordpiece_tokenizer_json_is_adopted_like_its_vocab(tmp_path, vocab):
+    """A model folder's tokenizer.json (no vocab.txt) gives the very tokenizer its vocab.txt gives."""
+    from data_prep.tokenizer import adopt_tokenizer_json
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_bytes((vocab.parent / name).read_bytes())
+    a = resolve_tokenizer(folder, tmp_path / "from_json")
+    b = adopt_vocab(vocab, tmp_path / "from_vocab")
+    assert a["sha256"] == b["sha256"] and a["lowercase"] is True and a["vocab_size"] == 30522
+    bpe = json.loads((vocab.parent / "tokenizer.json").read_text())
+    bpe["model"] = {"type": "BPE", "vocab": {"a": 0}, "merges": []}
+    (tmp_path / "bpe.json").write_text(json.dumps(bpe))
+    with pytest.raises(DataPrepError, match=r"bpe\.json: a BPE tokenizer; data_prep adopts WordPiece"):
+        adopt_tokenizer_json(tmp_path / "bpe.json", tmp_path / "t")
+    (tmp_path / "junk.json").write_text("{not json")
+    with pytest.raises(DataPrepError, match=r"junk\.json: not a readable tokenizers tokenizer\.json"):
+        resolve_tokenizer(tmp_path / "junk.json", tmp_path / "t")
+
+
+def test_tokenizer_sources_that_are_not_one(tmp_path):
+    (tmp_path / "bad.model").write_bytes(b"\x00not a sentencepiece model" * 10)
+    with pytest.raises(DataPrepError, match=r"bad\.model: not a sentencepiece model"):
+        resolve_tokenizer(tmp_path / "bad.model", tmp_path / "t1")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "config.json").write_text("{}")
+    with pytest.raises(DataPrepError, match=r"folder: not a tokenizer \(expected .*found: config\.json\)"):
+        resolve_tokenizer(tmp_path / "folder", tmp_path / "t2")
+    with pytest.raises(DataPrepError, match=r"missing\.txt: not a tokenizer: no such file or directory"):
+        resolve_tokenizer(str(tmp_path / "missing.txt"), tmp_path / "t3")
+
+
+def test_damaged_tokenizer_metadata_is_named(tmp_path, vocab):
+    adopt_vocab(vocab, tmp_path / "tok")
+    meta = json.loads((tmp_path / "tok" / META).read_text())
+    del meta["files"]
+    (tmp_path / "tok" / META).write_text(json.dumps(meta))
+    with pytest.raises(DataPrepError, match=rf"{META}: damaged tokenizer metadata \(missing or invalid: files\)"):
+        check_tokenizer_dir(tmp_path / "tok")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(vocab_size=5), r"--vocab-size must be in 6\.\."),
+        (dict(vocab_size=1 << 32), r"--vocab-size must be in"),
+        (dict(threads=0), r"--threads must be >= 1"),
+    ],
+)
+def test_training_ranges(tmp_path, kwargs, message):
+    with pytest.raises(DataPrepError, match=message):
+        train_tokenizer(["Some text."], tmp_path / "tok", **kwargs)
+    assert not (tmp_path / "tok").exists()
+
+
+def test_tokenizer_by_hub_name_offline(tmp_path, dp, vocab, gutenberg):
+    """`--tokenizer ORG/NAME` resolves through the standard Hugging Face cache (HF_HOME, offline): the very tokenizer
+    the local files give; a name that is not cached is a one-line error saying how to get it."""
+    from hub_cache import add_to_hub_cache
+
+    files = ["vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json"]
+    add_to_hub_cache(
+        tmp_path / "hf" / "hub",
+        "sentence-transformers/all-MiniLM-L6-v2",
+        {name: (vocab.parent / name).read_bytes() for name in files},
+    )
+    env = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": ""}
+    book = str(gutenberg / "1952-0.txt")
+    r = dp.run_cli(
+        "tokenize",
+        book,
+        "--output",
+        str(tmp_path / "hub"),
+        "--tokenizer",
+        "sentence-transformers/all-MiniLM-L6-v2",
+        "--no-progress",
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    local = dp.run_cli(
+        "tokenize", book, "--output", str(tmp_path / "local"), "--tokenizer", str(vocab), "--no-progress"
+    )
+    assert local.returncode == 0, local.stderr
+    assert dp.manifest_bytes(tmp_path / "hub") == dp.manifest_bytes(tmp_path / "local")
+    r = dp.run_cli("tokenize", book, "--output", str(tmp_path / "x"), "--tokenizer", "nobody/no-such-model", env=env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "--tokenizer nobody/no-such-model: not a local directory and not in the Hugging Face cache" in r.stderr
+    assert "offline mode is on" in r.stderr

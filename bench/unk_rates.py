@@ -1,8 +1,8 @@
 """The measurement behind `data_prep.stats.DEFAULT_MAX_UNK_FRACTION`: the [UNK] rate of matching and wrong
 vocabularies on the real corpora (../shared/data/corpus, or $ELASTICBERT_CORPUS), documents read exactly as
-`tokenize` reads them. Not a test (pytest does not collect it); ~5 minutes on one core:
+`tokenize` reads them. ~5 minutes on one core:
 
-    .venv/bin/python tests/data_prep/measure_unk.py /tmp/unk_rates.json
+    .venv/bin/python bench/unk_rates.py /tmp/unk_rates.json
 """
 
 import json
@@ -18,7 +18,7 @@ import elasticbert
 from data_prep import sources as S
 from data_prep.tokenizer import Encoder, adopt_vocab, train_tokenizer
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 CORPUS = Path(os.environ.get("ELASTICBERT_CORPUS", REPO.parent / "shared" / "data" / "corpus"))
 SPANISH = "pg24823.txt"
 
