@@ -16,6 +16,17 @@ from pathlib import Path
 from .errors import UserError
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+TOKENIZER_FILES = [
+    "vocab.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "*.model",
+    "merges.txt",
+    "vocab.json",
+    "added_tokens.json",
+    "config.json",
+]
 SKIP_FILES = [
     "*.h5",
     "*.msgpack",
@@ -53,9 +64,15 @@ def is_hub_id(name: str) -> bool:
     return bool(HUB_ID.match(name)) and not name.startswith((".", "~")) and not name.endswith("/")
 
 
-def resolve_pretrained(name_or_path: str | os.PathLike, what: str = "model", revision: str | None = None) -> Path:
+def resolve_pretrained(
+    name_or_path: str | os.PathLike,
+    what: str = "model",
+    revision: str | None = None,
+    files: list[str] | None = None,
+) -> Path:
     """The local directory holding `name_or_path`: itself when it exists, else its snapshot in the hub cache
-    (downloaded first when online). `what` names the option in error messages (e.g. "--model")."""
+    (downloaded first when online). `what` names the option in error messages (e.g. "--model"); `files` limits a
+    download to those patterns (e.g. `TOKENIZER_FILES`: a tokenizer without the model's weights)."""
     text = str(name_or_path)
     local = Path(os.path.expanduser(text))
     if local.exists():

@@ -38,7 +38,7 @@ from typing import Any, Literal
 import numpy as np
 
 from common.config import choice_problem
-from common.hub import is_hub_id, resolve_pretrained
+from common.hub import TOKENIZER_FILES, is_hub_id, resolve_pretrained
 from common.io import atomic_path
 
 from .errors import DataPrepError, with_path
@@ -386,7 +386,7 @@ def _local_source(source: str | os.PathLike) -> Path:
     text = str(source)
     if not is_hub_id(text) or src.suffix in (".txt", ".model", ".json"):
         raise DataPrepError(f"{text}: not a tokenizer: no such file or directory ({_EXPECTED})")
-    return resolve_pretrained(text, what="--tokenizer")
+    return resolve_pretrained(text, what="--tokenizer", files=TOKENIZER_FILES)
 
 
 def _tokenizer_file_in(directory: Path) -> Path:
