@@ -1,17 +1,18 @@
 """`python -m pretrain {train,export,build-index,check-config,convert-universal}` (console script:
 `elasticbert-pretrain`).
 
-Exit codes: 0 done; 2 bad input (config, data, run directory, incompatible checkpoint: any `common.errors.UserError`)
-printed as `pretrain: error: MESSAGE`, no traceback; 75 (EX_TEMPFAIL) after a preemption-triggered checkpoint
-(requeue and rerun the same command). Each command imports what it needs when it runs, so `--help` and
-`check-config` start without torch or DeepSpeed.
+Exit codes: 0 done; 2 bad input (config, data, run directory in use, incompatible or corrupt checkpoint: any
+`common.errors.UserError`) printed as `pretrain: error: MESSAGE`, no traceback; 3 training diverged (a non-finite
+loss, gradient norm or weight: stopped without saving, `pretrain.guards`); 4 a checkpoint or log could not be
+written (disk full: `latest` unchanged); 75 (EX_TEMPFAIL) after a preemption-triggered checkpoint (requeue and
+rerun the same command); 130 Ctrl-C. Each command imports what it needs when it runs, so `--help` starts without
+torch or DeepSpeed (`check-config --device detect` imports torch to look at the GPU).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable
 from itertools import zip_longest
@@ -19,7 +20,16 @@ from pathlib import Path
 
 from common.cli import add_debug, add_output, config_argument, run_command
 
-from .config import CheckpointConfig, load_config
+from .config import CheckpointConfig, ConfigError, load_config
+from .precision import DeviceCaps
+
+# check-config --device: what to resolve the precision for (a login node has no GPU to detect)
+DEVICES: dict[str, Callable[[], DeviceCaps]] = {
+    "detect": DeviceCaps.detect,
+    "cpu": DeviceCaps.cpu,
+    "gpu-bf16": lambda: DeviceCaps("cuda", "a GPU with native bf16 (e.g. A100)", True, "8.0"),
+    "gpu-no-bf16": lambda: DeviceCaps("cuda", "a GPU without native bf16 (e.g. V100)", False, "7.0"),
+}
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -53,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     config_argument(
         t, CheckpointConfig, "force_resume", help="resume even if the checkpoint was written under a different config"
     )
+    _verify_argument(t, "resuming")
     t.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
 
     e = sub.add_parser("export", help="DeepSpeed checkpoint -> Hugging Face directory (safetensors + tokenizer)")
@@ -65,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
         default=False,
         help="replace an existing non-empty OUTPUT (default: %(default)s)",
     )
+    _verify_argument(e, "exporting")
 
     b = sub.add_parser("build-index", help="verify the data and cache the sample indexes offline (no process group)")
     _config_args(b)
@@ -80,24 +92,42 @@ def _parser() -> argparse.ArgumentParser:
     _config_args(c)
     c.add_argument("--ds-config", default=None)
     c.add_argument("--world-size", type=int, default=1)
+    c.add_argument(
+        "--device",
+        choices=sorted(DEVICES),
+        default="detect",
+        help="the device whose precision to resolve: this machine's (detect), a CPU, a GPU with native bf16 "
+        "(A100, H100: gpu-bf16) or one without (V100: gpu-no-bf16) (default: %(default)s)",
+    )
 
     u = sub.add_parser("convert-universal", help="convert a checkpoint for a resume at another world size")
     u.add_argument("--checkpoint", required=True, help="RUN/checkpoints")
     u.add_argument("--tag", default="latest")
+    _verify_argument(u, "converting")
     return ap
+
+
+def _verify_argument(p: argparse.ArgumentParser, when: str) -> None:
+    config_argument(
+        p,
+        CheckpointConfig,
+        "verify_checksums",
+        help=f"check the checkpoint's checksums.json before {when} (--no-verify-checksums: use a checkpoint that "
+        "fails it; truncated files are still refused)",
+    )
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from .trainer import train
 
     cfg = load_config(args.config, args.overrides)
-    return train(cfg, Path(args.output), args.ds_config, args.force_resume)
+    return train(cfg, Path(args.output), args.ds_config, args.force_resume, args.verify_checksums)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from .export import export
 
-    out = export(Path(args.checkpoint), args.tag, Path(args.output), args.overwrite)
+    out = export(Path(args.checkpoint), args.tag, Path(args.output), args.overwrite, args.verify_checksums)
     print(f"exported {args.checkpoint} ({args.tag}) -> {out}")
     return 0
 
@@ -110,41 +140,44 @@ def cmd_build_index(args: argparse.Namespace) -> int:
     datasets = [d for pair in zip_longest(bundle.train, bundle.valid) for d in pair if d is not None]
     for path, d in zip(bundle.index_paths, datasets):  # index_paths: per corpus, train then valid
         print(f"{len(d):>10} samples  {path}")
+    for note in bundle.notes:
+        print(f"note: {note}", file=sys.stderr)
     return 0
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     from .config import validate
     from .ds_config import fill_ds_config, load_ds_json
+    from .precision import choose_precision, describe_precision
 
+    if args.world_size < 1:
+        raise ConfigError(f"--world-size={args.world_size} must be >= 1")
     cfg = load_config(args.config, args.overrides)
     validate(cfg, world_size=args.world_size)
-    ds, layout = fill_ds_config(
-        load_ds_json(args.ds_config or cfg.train.ds_config),
-        cfg,
-        args.world_size,
-        "cuda" if os.environ.get("CUDA_VISIBLE_DEVICES") else "cpu",
-    )
-    print(
-        json.dumps(
-            {
-                "config": cfg.to_dict(),
-                "exit_groups": cfg.exit_groups(),
-                "deepspeed": ds,
-                "layout": str(layout),
-                "config_hash": cfg.semantic_hash(),
-            },
-            indent=2,
-        )
-    )
+    caps = DEVICES[args.device]()
+    raw = load_ds_json(args.ds_config or cfg.train.ds_config)
+    ds, layout = fill_ds_config(raw, cfg, args.world_size, caps)
+    resolved = {
+        "config": cfg.to_dict(),
+        "exit_groups": cfg.exit_groups(),
+        "warmup_steps": cfg.optim.warmup_for(cfg.train.train_steps),
+        "device": caps.describe(),
+        "precision": describe_precision(choose_precision(cfg.train.precision, raw, caps), ds),
+        "deepspeed": ds,
+        "layout": str(layout),
+        "config_hash": cfg.semantic_hash(),
+    }
+    print(json.dumps(resolved, indent=2))
     return 0
 
 
 def cmd_convert_universal(args: argparse.Namespace) -> int:
-    from .checkpoint import convert_to_universal, resolve_tag
+    from .checkpoint import convert_to_universal, resolve_tag, verify_checkpoint
 
     ckpt = Path(args.checkpoint)
-    tag = convert_to_universal(ckpt, resolve_tag(ckpt, args.tag))
+    source = resolve_tag(ckpt, args.tag)
+    verify_checkpoint(ckpt, source, args.verify_checksums, what="convert")
+    tag = convert_to_universal(ckpt, source)
     print(f"universal checkpoint: {ckpt / tag}")
     return 0
 

@@ -2,12 +2,15 @@
 
 RUN/checkpoints/
   global_step{N}/            DeepSpeed's files (every rank) + client_state.json + export/ (HF config, tokenizer)
-  global_step{N}_universal/  made on demand when resuming at another world size
-  latest                     the tag of the newest *complete* checkpoint
+                             + checksums.json (pretrain.integrity: size and sha256 of every other file)
+  global_step{N}_universal/  made on demand when resuming at another world size (with its own checksums.json)
+  latest                     the tag of the newest *committed* checkpoint
 
-A checkpoint is committed in this order: DeepSpeed files (all ranks) -> client_state.json (rank 0, temp+rename
-through `common.io`) -> barrier -> `latest` (temp+rename) -> prune old tags. A kill at any point leaves `latest` on
-a complete checkpoint.
+A checkpoint is committed in this order: a leftover directory of the same tag that `latest` does not name is
+removed -> DeepSpeed files (all ranks) -> client_state.json and export/ (rank 0, temp+rename through `common.io`) ->
+checksums.json (every rank hashes its share, rank 0 writes) -> `latest` (temp+rename) -> prune old tags. A kill at
+any point leaves `latest` on a committed checkpoint; a write error (a full disk) on any rank stops every rank before
+`latest` moves. Resume, export and universal conversion verify the checksums first (`verify_checksums`).
 `client_state.json` is plain JSON so the launcher-side checks (config hash, world size) run before any process group.
 """
 
@@ -22,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
-from common.io import atomic_path
+from common.io import atomic_path, atomic_write_text
+
+from .integrity import CHECKSUMS, hash_files, list_files, verify_share, write_checksums
 
 CLIENT_STATE = "client_state.json"
 LATEST = "latest"
@@ -41,8 +46,34 @@ def read_latest(ckpt_dir: Path) -> str | None:
     p = ckpt_dir / LATEST
     if not p.is_file():
         return None
-    tag = p.read_text(encoding="utf-8").strip()
+    try:
+        tag = p.read_text(encoding="utf-8").strip()
+    except (UnicodeDecodeError, OSError) as e:
+        raise ResumeError(f"{p} is unreadable ({e}); it should hold one tag such as global_step1000") from None
+    if tag and ("/" in tag or "\n" in tag or tag in (".", "..")):
+        raise ResumeError(f"{p} holds {tag[:80]!r}, not a checkpoint tag such as global_step1000")
     return tag or None
+
+
+def commit_latest(ckpt_dir: Path, tag: str) -> None:
+    """Point `latest` at a checkpoint whose checksums.json is written (temp + rename: never half a name)."""
+    atomic_write_text(ckpt_dir / LATEST, tag)
+
+
+def is_complete(ckpt_dir: Path, tag: str) -> bool:
+    """The save of `tag` finished: checksums.json written (this trainer's last file before `latest`), or, for a
+    checkpoint of a trainer before checksums, client_state.json (its last file then). A directory with neither is
+    what a killed save left."""
+    return (ckpt_dir / tag / CHECKSUMS).is_file() or (ckpt_dir / tag / CLIENT_STATE).is_file()
+
+
+def discard_uncommitted(ckpt_dir: Path, tag: str) -> bool:
+    """Remove a directory `tag` left by an interrupted save (not the one `latest` names), so the new save of the
+    same step starts from nothing; returns whether one was removed."""
+    if (ckpt_dir / tag).is_dir() and read_latest(ckpt_dir) != tag:
+        shutil.rmtree(ckpt_dir / tag, ignore_errors=True)
+        return True
+    return False
 
 
 def resolve_tag(ckpt_dir: Path, tag: str | None) -> str:
@@ -60,11 +91,19 @@ def resolve_tag(ckpt_dir: Path, tag: str | None) -> str:
 def read_client_state(ckpt_dir: Path, tag: str) -> dict[str, Any]:
     p = ckpt_dir / tag / CLIENT_STATE
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
+        state = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ResumeError(f"{p} is missing: checkpoint {tag} was not committed by this trainer") from None
-    except json.JSONDecodeError as e:
-        raise ResumeError(f"{p} is corrupt: {e}") from None
+        raise ResumeError(
+            f"{p} is missing: checkpoint {tag} was not committed by this trainer{older_hint(ckpt_dir, tag)}"
+        ) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ResumeError(f"{p} is corrupt: {e}{older_hint(ckpt_dir, tag)}") from None
+    bad = [k for k in ("step", "consumed_samples") if not isinstance(state, dict) or type(state.get(k)) is not int]
+    if bad:
+        raise ResumeError(
+            f"{p} lacks an integer {' and '.join(bad)}: not written by this trainer{older_hint(ckpt_dir, tag)}"
+        )
+    return state
 
 
 @dataclass
@@ -101,14 +140,28 @@ def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "
     return diffs
 
 
+# Model keys that set the shape of a weight: no --force-resume can load a checkpoint across them.
+SHAPE_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "vocab_size",
+    "type_vocab_size",
+)
+
+
 def check_compatible(point: ResumePoint, config_hash: str, config: dict[str, Any], force: bool) -> list[str]:
-    """Refuse (ResumeError) a checkpoint written under a different semantic config unless forced.
+    """Refuse (ResumeError) a checkpoint written under a different semantic config unless forced; a change of a
+    weight's shape (`SHAPE_KEYS`, models built from the config on both sides) is refused even when forced.
 
     Returns the differences (empty when the hashes agree) so a forced resume can log them.
     """
     if point.state.get("config_hash") == config_hash:
         return []
-    diffs = config_differences(point.state.get("config", {}), config)
+    old = point.state.get("config", {})
+    diffs = config_differences(old, config)
     relevant = [d for d in diffs if not d.split(":")[0].startswith(("logging.", "checkpoint.", "eval."))]
     if not force:
         shown = "\n".join(f"    {d}" for d in (relevant or diffs)[:20])
@@ -117,7 +170,70 @@ def check_compatible(point: ResumePoint, config_hash: str, config: dict[str, Any
             f"vs {config_hash}); differences:\n{shown}\n"
             "  Use a new --output, restore the old config, or pass --force-resume to continue anyway."
         )
+    from_config = old.get("model", {}).get("init_from") is None and config.get("model", {}).get("init_from") is None
+    shapes = [d for d in diffs if d.split(":")[0] in {f"model.{k}" for k in SHAPE_KEYS}] if from_config else []
+    if shapes:
+        raise ResumeError(
+            f"checkpoint {point.tag} has weights of another shape: {'; '.join(shapes)}. --force-resume cannot load "
+            f"them; restore {shapes[0].split(':')[0]} or use a new --output"
+        )
     return relevant or diffs
+
+
+def check_architecture(ckpt_dir: Path, tag: str, model_config: Any) -> None:
+    """The model built for this run must have the checkpoint's weight shapes (export/config.json records them);
+    catches what the config comparison cannot see (a changed model.init_from, another vocabulary)."""
+    path = ckpt_dir / tag / "export" / "config.json"
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ResumeError(f"{path} is missing: checkpoint {tag} was not committed by this trainer") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ResumeError(f"{path} is corrupt: {e}") from None
+    differ = [
+        f"{k}={saved.get(k)} in the checkpoint but {getattr(model_config, k, None)} in this run (model.{k})"
+        for k in SHAPE_KEYS
+        if k in saved and saved.get(k) != getattr(model_config, k, None)
+    ]
+    if differ:
+        raise ResumeError(
+            f"checkpoint {ckpt_dir / tag} cannot be loaded into this model: {'; '.join(differ)}. Even "
+            "--force-resume cannot change a weight's shape; restore the config or use a new --output"
+        )
+
+
+def committed_before(ckpt_dir: Path, tag: str) -> list[str]:
+    """Complete step checkpoints older than `tag`, newest first (what an operator could fall back to)."""
+    m = TAG_RE.match(tag)
+    limit = int(m.group(1)) if m else None
+    return [t for s, t in reversed(step_tags(ckpt_dir)) if (limit is None or s < limit) and is_complete(ckpt_dir, t)]
+
+
+def older_hint(ckpt_dir: Path, tag: str) -> str:
+    older = committed_before(ckpt_dir, tag)
+    if not older:
+        return ""
+    return (
+        f". Older committed checkpoints: {', '.join(older[:3])}; to resume from one, write its tag into "
+        f"{ckpt_dir / LATEST} (e.g. `echo {older[0]} > {ckpt_dir / LATEST}`)"
+    )
+
+
+def integrity_refusal(ckpt_dir: Path, tag: str, problems: list[str], what: str = "resume from") -> ResumeError:
+    """The error for a checkpoint that failed verification: every problem, the way out, the older checkpoints."""
+    shown = "\n".join(f"  - {p}" for p in problems[:20])
+    more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+    return ResumeError(
+        f"refusing to {what} checkpoint {ckpt_dir / tag}: it failed verification:\n{shown}{more}\n"
+        f"  Pass --no-verify-checksums to use it anyway (truncated files are still refused){older_hint(ckpt_dir, tag)}"
+    )
+
+
+def verify_checkpoint(ckpt_dir: Path, tag: str, use_checksums: bool, what: str = "resume from") -> None:
+    """Verify every file of a checkpoint in this process (export, conversion, a single-process resume)."""
+    problems = verify_share(ckpt_dir / tag, 0, 1, use_checksums)
+    if problems:
+        raise integrity_refusal(ckpt_dir, tag, problems, what)
 
 
 def step_tags(ckpt_dir: Path) -> list[tuple[int, str]]:
@@ -130,12 +246,21 @@ def step_tags(ckpt_dir: Path) -> list[tuple[int, str]]:
 
 
 def prune(ckpt_dir: Path, keep_last: int) -> list[str]:
-    """Delete all but the newest `keep_last` step checkpoints (never the one `latest` names)."""
+    """Keep the `keep_last` newest *complete* checkpoints up to `latest` (`is_complete`) and `latest` itself; delete
+    older complete ones and the leftovers of killed saves older than `latest`. Directories newer than `latest` are
+    left alone. A leftover never counts towards `keep_last`, so a run of failed saves cannot push the last good
+    checkpoint out, and `latest` (the newest verified one) is never deleted."""
     latest = read_latest(ckpt_dir)
-    tags = step_tags(ckpt_dir)
+    m = TAG_RE.match(latest or "")
+    if m is None:
+        return []
+    latest_step = int(m.group(1))
+    tags = [(s, t) for s, t in step_tags(ckpt_dir) if s <= latest_step]
+    complete = [t for _, t in tags if is_complete(ckpt_dir, t)]
+    keep = set(complete[-keep_last:]) | {latest}
     removed = []
-    for _, tag in tags[: max(len(tags) - keep_last, 0)]:
-        if tag == latest:
+    for _, tag in tags:
+        if tag in keep:
             continue
         shutil.rmtree(ckpt_dir / tag, ignore_errors=True)
         shutil.rmtree(ckpt_dir / f"{tag}_universal", ignore_errors=True)
@@ -160,8 +285,8 @@ def convert_to_universal(ckpt_dir: Path, tag: str) -> str:
 
     out_tag = f"{tag}_universal"
     out = ckpt_dir / out_tag
-    if (out / "zero").is_dir():
-        return out_tag
+    if (out / "zero").is_dir() and not verify_share(out, 0, 1, use_checksums=True):
+        return out_tag  # made before, and intact
     with atomic_path(out) as tmp:
         args = argparse.Namespace(
             input_folder=str(ckpt_dir / tag),
@@ -172,11 +297,17 @@ def convert_to_universal(ckpt_dir: Path, tag: str) -> str:
             strict=True,
             inject_missing_state=True,
         )
-        ds_to_universal.main(args)
+        try:
+            ds_to_universal.main(args)
+        except (RuntimeError, OSError, EOFError, KeyError, ValueError, AssertionError) as e:
+            raise ResumeError(
+                f"DeepSpeed could not convert {ckpt_dir / tag} to a universal checkpoint ({type(e).__name__}: {e})"
+            ) from None
         for name in (CLIENT_STATE, "export"):
             src = ckpt_dir / tag / name
             if src.is_dir():
                 shutil.copytree(src, tmp / name)
             elif src.is_file():
                 shutil.copy2(src, tmp / name)
+        write_checksums(tmp, hash_files(tmp, list_files(tmp)))
     return out_tag

@@ -61,7 +61,9 @@ class ModelConfig:
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     vocab_size: int | None = None  # None: the data's tokenizer vocabulary size
-    init_from: str | None = None  # None: from scratch; "minilm": the MiniLM package; else an HF/BERT directory
+    # None: from scratch; "minilm": the MiniLM package; a directory; or a hub name such as bert-base-uncased
+    # (resolved through the Hugging Face cache when the run starts, `common.hub.resolve_pretrained`)
+    init_from: str | None = None
     activation_checkpointing: bool = False
 
 
@@ -85,6 +87,9 @@ class DataConfig:
     index_cache_dir: str | None = None  # None: beside the data (falls back to RUN/index_cache if read-only)
     blend_block: int = 1000  # blending is exact within every block of this many samples
     verify: bool = True  # full `data_prep verify` (re-hash) once per corpus version; a stamp records success
+    # Refuse a corpus whose manifest records more [UNK] than this fraction of its tokens (a vocabulary that does not
+    # fit the text); None: data_prep's threshold (`data_prep.stats.DEFAULT_MAX_UNK_FRACTION`, 1 %); 1.0: never.
+    max_unk_fraction: float | None = None
 
 
 @dataclass
@@ -107,9 +112,16 @@ class OptimConfig:
     eps: float = 1e-6
     weight_decay: float = 0.01
     warmup_steps: int = 0
+    warmup_fraction: float | None = None  # warm-up over this fraction of train.train_steps instead (paper: 0.04)
     decay: Literal["linear", "cosine", "constant"] = "linear"
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
+
+    def warmup_for(self, train_steps: int) -> int:
+        """Warm-up steps: `warmup_fraction` of the schedule when set, else `warmup_steps`."""
+        if self.warmup_fraction is not None:
+            return round(self.warmup_fraction * train_steps)
+        return self.warmup_steps
 
 
 @dataclass
@@ -118,9 +130,11 @@ class TrainConfig:
     global_batch_size: int = 256
     micro_batch_size: int = 32
     seed: int = 1234
-    ds_config: str = "ds_configs/zero1_bf16.json"
+    ds_config: str = "ds_configs/zero1.json"  # precision from train.precision and the device
     zero_stage: Literal[0, 1, 2, 3] | None = None  # overrides the JSON's stage (same file, another stage)
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: the JSON's bf16/fp16 sections decide
+    # auto: a bf16/fp16 section the DeepSpeed JSON enables, else bf16 on GPUs with native bf16, fp16 with dynamic
+    # loss scaling on GPUs without (V100), fp32 on CPU (pretrain.precision)
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     stop_after_steps: int | None = None  # stop (with a checkpoint) before train_steps; the schedule is unchanged
 
     def end_step(self) -> int:
@@ -134,6 +148,7 @@ class CheckpointConfig:
     interval: int = 1000
     keep_last: int = 3
     force_resume: bool = False  # resume even when the checkpoint was written under a different config
+    verify_checksums: bool = True  # check checksums.json before resuming (false: only truncated files are refused)
     dump_final_weights: bool = False  # write the gathered in-memory fp32 weights at the end (verifies export)
 
 
@@ -180,12 +195,15 @@ class RunConfig:
         batch, schedule length). Micro-batch, workers, logging and checkpoint cadence are free to change on
         resume; anything in the hash is refused unless forced."""
         d = self.to_dict()
+        skip_data = ("num_workers", "index_cache_dir", "verify", "max_unk_fraction")
+        optim = {k: v for k, v in d["optim"].items() if k != "warmup_fraction"}
+        optim["warmup_steps"] = self.optim.warmup_for(self.train.train_steps)  # the schedule, however it is written
         keep = {
             "model": {k: v for k, v in d["model"].items() if k != "activation_checkpointing"},
-            "data": {k: v for k, v in d["data"].items() if k not in ("num_workers", "index_cache_dir", "verify")},
+            "data": {k: v for k, v in d["data"].items() if k not in skip_data},
             "exits": self.exit_groups(),
             "gradient_equilibrium": self.exits.gradient_equilibrium,
-            "optim": d["optim"],
+            "optim": optim,
             "train": {k: d["train"][k] for k in ("train_steps", "global_batch_size", "seed")},
         }
         blob = json.dumps(keep, sort_keys=True, default=str).encode()
@@ -336,8 +354,12 @@ def _read_yaml(p: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {p} does not exist")
     try:
         loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text ({e})") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"config file {p} cannot be read: {e.strerror or e}") from None
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"{p}: top level must be a mapping of sections")
     return loaded or {}
@@ -413,6 +435,8 @@ def _data_problems(d: DataConfig, m: ModelConfig) -> list[str]:
         p.append("data.masked_lm_prob must be in (0, 1)")
     if not 0.0 <= d.short_seq_prob <= 1.0:
         p.append("data.short_seq_prob must be in [0, 1]")
+    if d.max_unk_fraction is not None and not 0.0 <= d.max_unk_fraction <= 1.0:
+        p.append(f"data.max_unk_fraction={d.max_unk_fraction} must be in [0, 1] (1 = never refuse)")
     if d.max_ngram < 1:
         p.append("data.max_ngram must be >= 1")
     if d.num_workers < 0:
@@ -461,6 +485,11 @@ def _optim_problems(o: OptimConfig, train_steps: int) -> list[str]:
         p.append(f"optim.betas={o.betas} must be two numbers in [0, 1)")
     if o.warmup_steps < 0 or o.warmup_steps > train_steps:
         p.append(f"optim.warmup_steps={o.warmup_steps} must be within 0..train.train_steps={train_steps}")
+    if o.warmup_fraction is not None:
+        if not 0.0 <= o.warmup_fraction <= 1.0:
+            p.append(f"optim.warmup_fraction={o.warmup_fraction} must be in [0, 1]")
+        if o.warmup_steps:
+            p.append("optim.warmup_steps and optim.warmup_fraction are exclusive: set one (the other to 0 / null)")
     if not 0.0 <= o.min_lr_ratio <= 1.0:
         p.append("optim.min_lr_ratio must be in [0, 1]")
     if o.grad_clip < 0:

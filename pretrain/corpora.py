@@ -17,6 +17,7 @@ from typing import Any
 from common.io import atomic_write_text
 from data_prep.errors import DataPrepError
 from data_prep.reader import PreparedCorpus
+from data_prep.stats import DEFAULT_MAX_UNK_FRACTION, describe_unk, unk_fraction
 from data_prep.verify import verify_dir
 
 from .config import ConfigError, CorpusConfig, RunConfig, resolve_path
@@ -34,6 +35,7 @@ class DataBundle:
     special_ids: dict = field(default_factory=dict)
     tokenizer_dir: Path | None = None
     index_paths: list[str] = field(default_factory=list)  # where each index lives: per corpus, train then valid
+    notes: list[str] = field(default_factory=list)  # what a user should know before spending compute (printed)
 
 
 def open_corpus(path: Path, split: str) -> PreparedCorpus:
@@ -91,6 +93,26 @@ def tokenizer_fingerprint(corpus: Any) -> str:
     return h.hexdigest()
 
 
+def check_unk_fraction(corpus: PreparedCorpus, path: Path, k: int, limit: float, bundle: DataBundle) -> None:
+    """Refuse a corpus whose manifest records too many [UNK] tokens (`totals.unk_tokens / totals.tokens`, above
+    `data.max_unk_fraction`, default data_prep's DEFAULT_MAX_UNK_FRACTION): its vocabulary does not fit the text,
+    and pre-training on it would mostly learn to predict [UNK]."""
+    totals = corpus.manifest.get("totals", {})
+    unk, tokens = totals.get("unk_tokens"), totals.get("tokens")
+    if not isinstance(unk, int) or not isinstance(tokens, int):
+        bundle.notes.append(
+            f"{path / 'manifest.json'} records no totals.unk_tokens (prepared by an older data_prep): the [UNK] "
+            f"share of data.corpora[{k}] is not checked; `python -m data_prep stats {path}` measures it"
+        )
+        return
+    if unk_fraction(unk, tokens) > limit:
+        raise ConfigError(
+            f"data.corpora[{k}] ({path / 'manifest.json'}): {describe_unk(unk, tokens)}, above "
+            f"data.max_unk_fraction={limit:g}: its vocabulary does not fit the text. Prepare it again with a "
+            "matching vocabulary, or raise data.max_unk_fraction (1.0 never refuses)"
+        )
+
+
 def corpus_path(c: CorpusConfig, k: int) -> Path:
     path = resolve_path(c.path)
     if "$" in str(path):
@@ -127,9 +149,11 @@ def open_data(cfg: RunConfig, run_dir: Path, need_valid: bool) -> DataBundle:
     """Open every corpus (train and, if evaluating, valid), check they share one tokenizer, load/build indexes."""
     bundle = DataBundle()
     fingerprint = None
+    limit = DEFAULT_MAX_UNK_FRACTION if cfg.data.max_unk_fraction is None else cfg.data.max_unk_fraction
     for k, c in enumerate(cfg.data.corpora):
         path = corpus_path(c, k)
         corpus = open_corpus(path, "train")
+        check_unk_fraction(corpus, path, k, limit, bundle)
         caches = index_caches(cfg, path, run_dir)
         if cfg.data.verify:
             verify_corpus(path, caches)

@@ -1,7 +1,8 @@
 """DeepSpeed JSON from ds_configs/ with its "auto" fields filled from the run config.
 
 The run config is the single source of truth for batch sizes, optimiser and clipping; the JSON holds what is
-specific to the hardware (ZeRO stage and buckets, bf16/fp16). A JSON value that is not "auto" and disagrees with
+specific to the hardware (ZeRO stage and buckets, fp16 loss-scaling settings). The precision sections are generated
+from `train.precision` and the device (`pretrain.precision`). A JSON value that is not "auto" and disagrees with
 the run config is an error rather than a silent winner.
 """
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import REPO_ROOT, ConfigError, RunConfig, resolve_path
+from .precision import DeviceCaps, apply_precision, choose_precision, precision_problems
 
 AUTO = "auto"
 OPTIMIZER_TYPES = {"adamw": "AdamW", "lamb": "Lamb"}  # optim.name -> DeepSpeed's optimizer.type
@@ -41,8 +43,8 @@ def load_ds_json(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"DeepSpeed config {p} does not exist (see ds_configs/)")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"DeepSpeed config {p} is not valid JSON: {e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"DeepSpeed config {p} is not valid UTF-8 JSON: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"DeepSpeed config {p}: top level must be an object")
     return data
@@ -71,18 +73,13 @@ def _fill(section: dict[str, Any], key: str, value: Any, where: str, problems: l
         )
 
 
-def precision_of(ds: dict[str, Any]) -> str:
-    if ds.get("bf16", {}).get("enabled") is True:
-        return "bf16"
-    if ds.get("fp16", {}).get("enabled") is True:
-        return "fp16"
-    return "fp32"
-
-
 def fill_ds_config(
-    raw: dict[str, Any], cfg: RunConfig, world_size: int, device: str = "cpu"
+    raw: dict[str, Any], cfg: RunConfig, world_size: int, caps: DeviceCaps | None = None
 ) -> tuple[dict[str, Any], BatchLayout]:
-    """Return a concrete DeepSpeed config (no "auto" left) and the batch layout it implies."""
+    """Return a concrete DeepSpeed config (no "auto" left) and the batch layout it implies, for the device `caps`
+    (default: a CPU)."""
+    caps = caps or DeviceCaps.cpu()
+    device = caps.kind
     ds = copy.deepcopy(raw)
     problems: list[str] = []
     layout = batch_layout(cfg, world_size)
@@ -114,18 +111,9 @@ def fill_ds_config(
         zero["stage"] = cfg.train.zero_stage
     if zero.get("stage") == AUTO:
         zero["stage"] = 1
-    prec = cfg.train.precision
-    if prec != "auto":
-        ds["bf16"] = {**ds.get("bf16", {}), "enabled": prec == "bf16"}
-        ds["fp16"] = {**ds.get("fp16", {}), "enabled": prec == "fp16"}
-    for sect in ("bf16", "fp16"):
-        if ds.get(sect, {}).get("enabled") == AUTO:
-            ds[sect]["enabled"] = False
-    if precision_of(ds) == "fp16" and device == "cpu":
-        problems.append(
-            "fp16 is not supported by DeepSpeed on CPU ('Type fp16 is not supported on your device'): "
-            "use ds_configs/cpu_fp32.json, or bf16 (train.precision=bf16)"
-        )
+    choice = choose_precision(cfg.train.precision, ds, caps)
+    apply_precision(ds, choice.precision)
+    problems += precision_problems(choice, caps)
     if o.name == "lamb" and zero.get("stage", 0) != 0:
         problems.append("optim.name=lamb needs zero_optimization.stage 0 (ZeRO does not support LAMB)")
     if o.name == "lamb" and device != "cuda":

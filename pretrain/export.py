@@ -1,9 +1,10 @@
 """DeepSpeed checkpoint (ZeRO 0/1/2/3, any world size) -> a Hugging Face directory finetune and AutoModel load.
 
 Weights come from DeepSpeed's own consolidation (`zero_to_fp32`: the fp32 master copy in the optimizer partitions,
-so a bf16 run exports its fp32 weights); ZeRO-0 checkpoints have no partitions and use the module state. The result
-is written to a temporary sibling directory and renamed (`common.io.atomic_path`), so a failed export leaves no
-half-written model.
+so a bf16 run exports its fp32 weights); ZeRO-0 checkpoints have no partitions and use the module state. The
+checkpoint's checksums are verified first (`--no-verify-checksums` skips them; truncated files are refused anyway),
+and weights holding NaN/inf are refused. The result is written to a temporary sibling directory and renamed
+(`common.io.atomic_path`), so a failed export leaves no half-written model.
 """
 
 from __future__ import annotations
@@ -18,26 +19,32 @@ import torch
 from common.io import atomic_path
 from elasticbert import ElasticBertConfig, ElasticBertForPreTraining  # (importing elasticbert registers Auto*)
 
-from .checkpoint import CLIENT_STATE, ResumeError, read_client_state, resolve_tag
+from .checkpoint import CLIENT_STATE, ResumeError, read_client_state, resolve_tag, verify_checkpoint
+from .integrity import LOAD_ERRORS, IntegrityError, nonfinite_tensors
 
 
 def consolidated_state_dict(ckpt_dir: Path, tag: str) -> dict[str, torch.Tensor]:
-    """fp32 weights of the whole model from a DeepSpeed checkpoint tag directory."""
+    """fp32 weights of the whole model from a DeepSpeed checkpoint tag directory (our own, verified files: DeepSpeed
+    pickles its states, so they are loaded with weights_only=False, as DeepSpeed itself does)."""
     tag_dir = ckpt_dir / tag
-    if glob.glob(str(tag_dir / "*optim_states.pt")):
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    try:
+        if glob.glob(str(tag_dir / "*optim_states.pt")):
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        return get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
-    model_files = sorted(glob.glob(str(tag_dir / "mp_rank_*_model_states.pt")))
-    if not model_files:
-        raise ResumeError(f"{tag_dir}: no DeepSpeed model or optimizer states")
-    state = torch.load(model_files[0], map_location="cpu", weights_only=False)
-    return {k: v.float() for k, v in state["module"].items()}
+            return get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
+        model_files = sorted(glob.glob(str(tag_dir / "mp_rank_*_model_states.pt")))
+        if not model_files:
+            raise ResumeError(f"{tag_dir}: no DeepSpeed model or optimizer states")
+        state = torch.load(model_files[0], map_location="cpu", weights_only=False)
+        return {k: v.float() for k, v in state["module"].items()}
+    except LOAD_ERRORS as e:
+        raise ResumeError(f"DeepSpeed could not consolidate {tag_dir}: {type(e).__name__}: {str(e)[:500]}") from None
 
 
-def export(ckpt_dir: Path, tag: str | None, output: Path, overwrite: bool = False) -> Path:
+def export(ckpt_dir: Path, tag: str | None, output: Path, overwrite: bool = False, verify: bool = True) -> Path:
     """Write `output` (safetensors + config + tokenizer files); returns it. Refuses to replace an existing
-    non-empty directory unless `overwrite`."""
+    non-empty directory unless `overwrite`, a checkpoint that fails its checksums unless not `verify`, and
+    non-finite weights always."""
     ckpt_dir = Path(ckpt_dir)
     if not ckpt_dir.is_dir():
         raise ResumeError(f"{ckpt_dir} is not a directory (expected RUN/checkpoints)")
@@ -53,8 +60,18 @@ def export(ckpt_dir: Path, tag: str | None, output: Path, overwrite: bool = Fals
     except OSError as e:
         raise ResumeError(f"cannot create {output.parent}: {e.strerror or e}") from None
 
-    config = ElasticBertConfig.from_pretrained(str(export_files))
+    verify_checkpoint(ckpt_dir, tag, verify, what="export")
+    try:
+        config = ElasticBertConfig.from_pretrained(str(export_files))
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ResumeError(f"{export_files / 'config.json'} is not a readable model config: {e}") from None
     state = consolidated_state_dict(ckpt_dir, tag)
+    count, names = nonfinite_tensors(state)
+    if count:
+        raise IntegrityError(
+            f"refusing to export {ckpt_dir / tag}: {count} weight tensor(s) hold NaN/inf (e.g. {', '.join(names)}); "
+            "export an older checkpoint (--tag global_stepN)"
+        )
     model = ElasticBertForPreTraining(config)
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {"cls.predictions.decoder.weight"}

@@ -11,6 +11,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from .guards import RunWriteError, describe_write_error
+
 
 def _jsonable(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
@@ -56,9 +58,12 @@ class MetricsLogger:
             self._bar = tqdm(total=total_steps, initial=start_step, desc="pretrain", unit="step", dynamic_ncols=True)
 
     def _append(self, path: Path, record: dict[str, Any]) -> None:
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
-            f.flush()
+        try:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+                f.flush()
+        except OSError as e:
+            raise RunWriteError(f"cannot append to {path}: {describe_write_error(e)}") from None
 
     def event(self, name: str, **fields: Any) -> None:
         if self.enabled:
@@ -73,7 +78,17 @@ class MetricsLogger:
         if self._tb is not None and step % self.tb_interval == 0:
             tb = self._tb
             tb.add_scalar("train/loss", record["loss"], step)
-            for key in ("lr", "grad_norm", "tokens_per_s", "mfu", "data_wait_s", "step_time_s"):
+            keys = (
+                "lr",
+                "grad_norm",
+                "tokens_per_s",
+                "mfu",
+                "data_wait_s",
+                "step_time_s",
+                "loss_scale",
+                "skipped_steps",
+            )
+            for key in keys:
                 if record.get(key) is not None:
                     tb.add_scalar(f"train/{key}", record[key], step)
             for i, layer in enumerate(record["active_exits"]):

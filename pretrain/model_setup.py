@@ -1,5 +1,6 @@
-"""The model a run trains: from scratch (seeded) or from a BERT / ElasticBERT checkpoint, checked against the data
-(vocabulary, sequence length, depth) before DeepSpeed sees it; and its optimizer parameter groups."""
+"""The model a run trains: from scratch (seeded) or from a BERT / ElasticBERT checkpoint (a directory or a hub name),
+checked against the data (vocabulary, sequence length, depth) before DeepSpeed sees it; and its optimizer parameter
+groups."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import torch
 
+from common.hub import resolve_pretrained
 from elasticbert import ElasticBertConfig, ElasticBertForPreTraining, load_pretrained, minilm_dir
 
 from .config import ConfigError, ModelConfig, RunConfig, resolve_path
@@ -26,6 +28,18 @@ def _from_scratch(m: ModelConfig, vocab_size: int) -> ElasticBertForPreTraining:
             attention_probs_dropout_prob=m.attention_probs_dropout_prob,
         )
     )
+
+
+def init_source(init_from: str) -> Path:
+    """The directory of `model.init_from`: "minilm" (the MiniLM package), a local directory (also relative to the
+    repository), or a hub name such as bert-base-uncased, resolved through the Hugging Face cache only now, when
+    the run starts (`check-config` never needs the weights)."""
+    if init_from == "minilm":
+        return Path(minilm_dir())
+    local = resolve_path(init_from)
+    if local.is_dir():
+        return local
+    return resolve_pretrained(init_from, what="model.init_from")
 
 
 def check_same_vocab(init_dir: Path, tokenizer_dir: Path | None) -> None:
@@ -62,7 +76,7 @@ def build_model(cfg: RunConfig, vocab_size: int, tokenizer_dir: Path | None) -> 
     if m.init_from is None:
         model, origin = _from_scratch(m, vocab_size), "from scratch"
     else:
-        src = minilm_dir() if m.init_from == "minilm" else resolve_path(m.init_from)
+        src = init_source(m.init_from)
         check_same_vocab(Path(src), tokenizer_dir)
         model, report = load_pretrained(
             ElasticBertForPreTraining,

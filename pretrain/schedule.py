@@ -12,15 +12,17 @@ from .config import OptimConfig
 
 
 def learning_rate(step: int, total_steps: int, optim: OptimConfig) -> float:
-    """lr for optimizer step `step` (0-based): linear warmup from lr/warmup to lr over `warmup_steps` (never 0, so
-    the first update is not wasted), then linear / cosine decay to lr*min_lr_ratio at `total_steps`, or constant."""
+    """lr for optimizer step `step` (0-based): linear warmup from lr/warmup to lr over the warm-up steps
+    (`optim.warmup_for`; never 0, so the first update is not wasted), then linear / cosine decay to lr*min_lr_ratio
+    at `total_steps`, or constant."""
     peak, floor = optim.lr, optim.lr * optim.min_lr_ratio
-    if optim.warmup_steps > 0 and step < optim.warmup_steps:
-        return peak * (step + 1) / optim.warmup_steps
+    warmup = optim.warmup_for(total_steps)
+    if warmup > 0 and step < warmup:
+        return peak * (step + 1) / warmup
     if optim.decay == "constant":
         return peak
-    span = max(total_steps - optim.warmup_steps, 1)
-    progress = min(max(step - optim.warmup_steps, 0) / span, 1.0)
+    span = max(total_steps - warmup, 1)
+    progress = min(max(step - warmup, 0) / span, 1.0)
     if optim.decay == "cosine":
         return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
     return peak - (peak - floor) * progress

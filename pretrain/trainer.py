@@ -10,20 +10,21 @@ One optimizer step t:
   for each of the `accum` micro-batches: dropout RNG <- f(seed, t, global micro index); forward; backward; step;
   one all-reduce carries the step's statistics *and* the preemption vote (`StepStats`), so all ranks stop at the
   same step.
+  a non-finite loss or gradient norm stops every rank at that step, before anything is saved (guards.py).
 Everything a resumed run needs is (step, consumed_samples) + DeepSpeed's model/optimizer state: data order,
 masking (per-sample seed), dropout (per-micro-step seed), lr (function of step) and the exit group (step mod G)
-are all recomputed, not restored.
+are all recomputed, not restored. The checkpoint is verified (checksums, truncation) before it is loaded.
 
 What the loop uses lives beside it: corpora.py (data), model_setup.py (model), schedule.py (lr, seeds, when to
-save / evaluate), stats.py (what crosses the ranks), mfu.py (FLOPs utilisation), checkpoint.py (the layout and
-commit protocol), run_dir.py, metrics.py.
+save / evaluate), stats.py (what crosses the ranks), mfu.py (FLOPs utilisation), precision.py (bf16/fp16/fp32 and
+the loss scaler), guards.py (what stops a run), checkpoint.py + integrity.py (the layout, commit protocol and
+checksums), run_dir.py (the directory and its lock), metrics.py.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import shutil
 import signal
@@ -44,22 +45,31 @@ from .checkpoint import (
     CLIENT_STATE,
     LATEST,
     ResumeError,
+    check_architecture,
     check_compatible,
+    commit_latest,
     convert_to_universal,
+    discard_uncommitted,
     find_resume_point,
+    integrity_refusal,
     needs_universal,
+    older_hint,
     prune,
+    read_latest,
     tag_for,
 )
 from .config import RunConfig, validate
 from .corpora import open_data
 from .data import BlendedDataset, Collator, RankBatches, SampleOrder, batch_digest, collate
-from .ds_config import fill_ds_config, load_ds_json, precision_of
+from .ds_config import fill_ds_config, load_ds_json
+from .guards import RunWriteError, TrainingDiverged, describe_write_error, step_problem
+from .integrity import LOAD_ERRORS, hash_files, list_files, share_of, verify_share, write_checksums
 from .metrics import MetricsLogger
 from .mfu import model_flops_utilization, peak_flops
-from .model_setup import build_model, param_groups
+from .model_setup import build_model, init_source, param_groups
+from .precision import DeviceCaps, choose_precision, describe_precision, precision_of, step_precision_record
 from .preemption import PreemptionFlag, ignore_preemption_signals
-from .run_dir import prepare_run_dir, write_resolved_configs
+from .run_dir import RunLock, prepare_run_dir, release_inherited_locks, write_resolved_configs
 from .schedule import due, learning_rate, micro_seed
 from .stats import EvalSums, StepStats
 
@@ -73,38 +83,90 @@ def _quiet_deepspeed() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+def _worker_init(worker_id: int) -> None:
+    """DataLoader workers: survive the preemption signals, and do not hold the run directory's lock."""
+    ignore_preemption_signals(worker_id)
+    release_inherited_locks()
+
+
 class Trainer:
     """Holds the engine and the loop state; `run()` returns the process exit code (0 done, 75 preempted)."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, ds_config_path: str | None, force_resume: bool) -> None:
-        """Every check that needs no process group: config, DeepSpeed JSON, run directory, data, checkpoint."""
+    def __init__(
+        self,
+        cfg: RunConfig,
+        run_dir: Path,
+        ds_config_path: str | None,
+        force_resume: bool,
+        verify_checksums: bool = True,
+    ) -> None:
+        """Every check that needs no process group: config, DeepSpeed JSON, run directory and its lock, data,
+        checkpoint (compatibility and this rank's share of its files)."""
         _quiet_deepspeed()
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.env: DistEnv = resolve_env()
         self.rank, self.world = self.env.rank, self.env.world_size
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.caps = DeviceCaps.detect(self.env.local_rank)
+        self.device = self.caps.kind
         self.preempt = PreemptionFlag()
 
         validate(cfg, world_size=self.world)
         raw = load_ds_json(ds_config_path or cfg.train.ds_config)
-        self.ds_cfg, self.layout = fill_ds_config(raw, cfg, self.world, self.device)
+        self.ds_cfg, self.layout = fill_ds_config(raw, cfg, self.world, self.caps)
+        self.precision_choice = choose_precision(cfg.train.precision, raw, self.caps)
         self.precision = precision_of(self.ds_cfg)
         self.zero_stage = int(self.ds_cfg.get("zero_optimization", {}).get("stage", 0))
         prepare_run_dir(self.run_dir, self.rank)
+        self.lock = RunLock.acquire(self.run_dir, self.env)
+        try:
+            self._check_inputs(force_resume or cfg.checkpoint.force_resume, verify_checksums)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _check_inputs(self, force_resume: bool, verify_checksums: bool) -> None:
+        """Data, checkpoint compatibility and integrity (a single process refuses here; several agree in
+        `_setup`), then the resolved configs, written only once everything passed."""
+        cfg = self.cfg
+        if cfg.model.init_from is not None:
+            init_source(cfg.model.init_from)  # a hub name not in the cache fails here, before the process group
         self.data = open_data(cfg, self.run_dir, need_valid=cfg.eval.interval > 0)
         self.groups = cfg.exit_groups()
         self.end_step = cfg.train.end_step()
         self.config_hash = cfg.semantic_hash()
         self.point = find_resume_point(self.ckpt_dir)
         self.config_diffs: list[str] = []
+        self.integrity_problems: list[str] = []
         if self.point is not None:
-            self.config_diffs = check_compatible(
-                self.point, self.config_hash, cfg.to_dict(), force_resume or cfg.checkpoint.force_resume
+            self.config_diffs = check_compatible(self.point, self.config_hash, cfg.to_dict(), force_resume)
+            self.integrity_problems = verify_share(
+                self.ckpt_dir / self.point.tag,
+                self.rank,
+                self.world,
+                verify_checksums and cfg.checkpoint.verify_checksums,
             )
+            if self.world == 1 and self.integrity_problems:
+                raise integrity_refusal(self.ckpt_dir, self.point.tag, self.integrity_problems)
         if self.rank == 0:
             write_resolved_configs(self.run_dir, cfg, self.ds_cfg)
+
+    def _all_gather(self, obj: Any) -> list[Any]:
+        """`obj` of every rank (how the ranks agree on a failure only some of them saw)."""
+        if self.world == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        self.dist.all_gather_object(out, obj)
+        return out
+
+    def _broadcast(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank."""
+        if self.world == 1:
+            return obj
+        box = [obj]
+        self.dist.broadcast_object_list(box, src=0)
+        return box[0]
 
     # ------------------------------------------------------------------ setup that needs the process group
     def _setup(self) -> None:
@@ -117,8 +179,13 @@ class Trainer:
         if self.device == "cuda":
             torch.cuda.set_device(self.env.local_rank)
         self.dist = torch.distributed
+        problems = [p for rank_problems in self._all_gather(self.integrity_problems) for p in rank_problems]
+        if problems:
+            raise integrity_refusal(self.ckpt_dir, self.point.tag, problems)
         model, self.origin = build_model(self.cfg, int(self.data.special_ids["vocab_size"]), self.data.tokenizer_dir)
         self.model_config = model.config
+        if self.point is not None:
+            check_architecture(self.ckpt_dir, self.point.tag, model.config)
         self.load_tag = self._checkpoint_to_load()
         self.engine, *_ = deepspeed.initialize(
             model=model, model_parameters=param_groups(model, self.cfg.optim.weight_decay), config=self.ds_cfg
@@ -157,11 +224,19 @@ class Trainer:
         """DeepSpeed's model/optimizer state into the engine; returns (step, consumed_samples)."""
         if self.point is None:
             return 0, 0
-        path, client = self.engine.load_checkpoint(
-            str(self.ckpt_dir), tag=self.load_tag, load_lr_scheduler_states=False
-        )
-        if path is None:
-            raise ResumeError(f"DeepSpeed could not load checkpoint {self.ckpt_dir / self.load_tag}")
+        path, client, error = None, None, None
+        try:
+            path, client = self.engine.load_checkpoint(
+                str(self.ckpt_dir), tag=self.load_tag, load_lr_scheduler_states=False
+            )
+        except LOAD_ERRORS as e:
+            error = f"rank {self.rank}: {type(e).__name__}: {str(e)[:500]}"
+        errors = [e for e in self._all_gather(error) if e]
+        if errors or path is None:
+            raise ResumeError(
+                f"DeepSpeed could not load checkpoint {self.ckpt_dir / self.load_tag}: "
+                f"{errors[0] if errors else 'no model states found'}{older_hint(self.ckpt_dir, self.point.tag)}"
+            )
         step = self.point.step
         if client and int(client.get("step", step)) != step:
             raise ResumeError(f"{self.load_tag}: client state step {client.get('step')} != {step}")
@@ -180,7 +255,7 @@ class Trainer:
             batch_sampler=batches,
             collate_fn=Collator(int(self.data.special_ids.get("pad", 0))),
             num_workers=nw,
-            worker_init_fn=ignore_preemption_signals if nw else None,
+            worker_init_fn=_worker_init if nw else None,
             prefetch_factor=4 if nw else None,
             persistent_workers=False,
         )
@@ -192,6 +267,7 @@ class Trainer:
         lines = [
             f"ElasticBERT pre-training: {self.world} process(es) via {self.env.launcher}, device {self.device}, "
             f"ZeRO-{self.zero_stage}, {self.precision}",
+            f"  precision: {describe_precision(self.precision_choice, self.ds_cfg)}",
             f"  batch: {self.layout}",
             f"  model: {self.model_config.num_hidden_layers} layers, hidden {self.model_config.hidden_size}, "
             f"{n_params / 1e6:.2f}M parameters, {self.origin}",
@@ -206,6 +282,7 @@ class Trainer:
             )
             for d in self.config_diffs:
                 lines.append(f"  forced resume despite config change: {d}")
+        lines += [f"  note: {n}" for n in self.data.notes]
         for line in lines:
             self.metrics.write(line)
         self.metrics.event(
@@ -216,6 +293,8 @@ class Trainer:
             launcher=self.env.launcher,
             zero_stage=self.zero_stage,
             precision=self.precision,
+            precision_reason=self.precision_choice.reason,
+            device=self.caps.describe(),
             micro_batch=self.layout.micro_batch,
             grad_accum=self.layout.grad_accum,
             global_batch=self.layout.global_batch,
@@ -238,6 +317,7 @@ class Trainer:
                 self.metrics.close()
             if getattr(self, "samples_log", None):
                 self.samples_log.close()
+            self.lock.release()
 
     def _train(self) -> int:
         """Optimizer steps up to `end_step`, saving and validating when due; exits 75 after a preemption save."""
@@ -250,9 +330,13 @@ class Trainer:
                 group["lr"] = lr
             stats = self._train_step(batches, active).all_reduce(self.dist)  # also the preemption vote
             grad_norm = self.engine.get_global_grad_norm()
+            precision = step_precision_record(self.engine, self.precision)
             self.step += 1
             self.consumed += self.layout.global_batch
-            self._log_step(stats, active, lr, grad_norm, time.perf_counter() - t0)
+            record = self._log_step(stats, active, lr, grad_norm, time.perf_counter() - t0, precision)
+            problem = step_problem(record["loss"], record["grad_norm"], precision["step_skipped"], self.precision)
+            if problem:
+                self._stop_diverged(problem)
             if stats.preempted:
                 return self._save_for_preemption()
             if due(self.step, self.end_step, self.cfg.checkpoint.interval):
@@ -294,9 +378,16 @@ class Trainer:
             self.samples_log.write(json.dumps({"step": self.step, "micro": micro, "keys": keys.tolist()}) + "\n")
 
     def _log_step(
-        self, stats: StepStats, active: tuple[int, ...], lr: float, grad_norm: float | None, elapsed: float
-    ) -> None:
-        """One metrics.jsonl record from the reduced sums (means over accumulation × world micro-batches)."""
+        self,
+        stats: StepStats,
+        active: tuple[int, ...],
+        lr: float,
+        grad_norm: float | None,
+        elapsed: float,
+        precision: dict[str, Any],
+    ) -> dict[str, Any]:
+        """One metrics.jsonl record from the reduced sums (means over accumulation × world micro-batches); returns
+        it. `precision`: the fp16 loss scaler's bookkeeping (`step_precision_record`)."""
         n = self.layout.grad_accum * self.world
         tokens, masked, padded = float(stats.tokens), float(stats.masked), float(stats.padded)
         record: dict[str, Any] = {
@@ -314,6 +405,7 @@ class Trainer:
             "data_wait_s": float(stats.data_wait_s) / self.world,
             "step_time_s": elapsed,
             "world_size": self.world,
+            **precision,
         }
         if self.rank == 0:
             record["samples_digest"] = batch_digest(self.order, self.step - 1, self.layout.global_batch)
@@ -321,9 +413,19 @@ class Trainer:
             record["mfu"] = model_flops_utilization(
                 self.model_config, active, tokens, masked, self.layout.global_batch, elapsed, self.peak, self.world
             )
-        if not math.isfinite(record["loss"]):
-            self.metrics.write(f"warning: non-finite loss at step {self.step}")
         self.metrics.step(record)
+        return record
+
+    def _stop_diverged(self, problem: str) -> None:
+        """A non-finite step: record it and stop every rank (they all see the same reduced values) unsaved."""
+        latest = read_latest(self.ckpt_dir)
+        self.metrics.event("diverged", step=self.step, problem=problem, latest=latest)
+        raise TrainingDiverged(
+            f"{problem} at step {self.step}: training stopped without saving; {self.ckpt_dir / LATEST} stays on "
+            f"{latest or '(no checkpoint yet)'}, and nothing after a non-finite step is ever checkpointed. Lower "
+            "optim.lr, check the data, or resume from an older checkpoint (rerunning resumes from latest and "
+            "meets the same step again)"
+        )
 
     # -------------------------------------------------------------------------------------- checkpoints
     def _save_for_preemption(self) -> int:
@@ -334,9 +436,38 @@ class Trainer:
         return EXIT_PREEMPTED
 
     def save(self) -> None:
-        """DeepSpeed files on every rank, then (rank 0) client_state.json and export files, then `latest`."""
+        """The commit protocol of pretrain.checkpoint: a leftover of the same tag removed, DeepSpeed files (every
+        rank), client_state.json and export files (rank 0), checksums (every rank hashes its share, rank 0 writes),
+        `latest`, pruning. A failed write on any rank stops every rank before `latest` moves (RunWriteError)."""
         tag = tag_for(self.step)
-        state = {
+        if read_latest(self.ckpt_dir) == tag:
+            self.last_saved = self.step  # committed already: never rewrite the files `latest` names
+            return
+        self._refuse_nonfinite_weights()
+        t0 = time.perf_counter()
+        if self.rank == 0:
+            discard_uncommitted(self.ckpt_dir, tag)
+        self.dist.barrier()
+        problems = self._write_checkpoint(tag)
+        removed: list[str] = []
+        if not problems and self.rank == 0:
+            problems, removed = self._commit(tag)
+        problems = self._broadcast(problems)
+        if problems:
+            if self.rank == 0:
+                discard_uncommitted(self.ckpt_dir, tag)  # free the space; never the tag `latest` names
+            latest = read_latest(self.ckpt_dir)
+            raise RunWriteError(
+                f"checkpoint {self.ckpt_dir / tag} could not be written: {'; '.join(problems[:4])}. "
+                f"{self.ckpt_dir / LATEST} stays on {latest or '(none)'}; free space or fix the filesystem, then "
+                "rerun the same command to resume from it"
+            )
+        if self.rank == 0:
+            self.metrics.event("checkpoint", step=self.step, tag=tag, seconds=time.perf_counter() - t0, removed=removed)
+        self.last_saved = self.step
+
+    def _client_state(self) -> dict[str, Any]:
+        return {
             "step": self.step,
             "consumed_samples": self.consumed,
             "group_cursor": self.step % len(self.groups),
@@ -346,19 +477,62 @@ class Trainer:
             "micro_batch": self.layout.micro_batch,
             "precision": self.precision,
         }
-        t0 = time.perf_counter()
-        self.engine.save_checkpoint(str(self.ckpt_dir), tag=tag, client_state=dict(state), save_latest=False)
-        if self.rank == 0:
-            self._write_export_files(self.ckpt_dir / tag / "export")
-            full = {**state, "config": self.cfg.to_dict(), "time": time.time()}
-            atomic_write_text(self.ckpt_dir / tag / CLIENT_STATE, json.dumps(full, indent=2))
+
+    def _write_checkpoint(self, tag: str) -> list[str]:
+        """Every file of the checkpoint but `latest`; returns the write problems of all ranks (agreed)."""
+        tag_dir = self.ckpt_dir / tag
+        state = self._client_state()
+        error = self._save_deepspeed_files(tag, state)
+        if error is None and self.rank == 0:
+            try:
+                self._write_export_files(tag_dir / "export")
+                full = {**state, "config": self.cfg.to_dict(), "time": time.time()}
+                atomic_write_text(tag_dir / CLIENT_STATE, json.dumps(full, indent=2))
+            except OSError as e:
+                error = f"rank 0: {describe_write_error(e)}"
         self.dist.barrier()
-        if self.rank == 0:
-            atomic_write_text(self.ckpt_dir / LATEST, tag)
-            removed = prune(self.ckpt_dir, self.cfg.checkpoint.keep_last)
-            self.metrics.event("checkpoint", step=self.step, tag=tag, seconds=time.perf_counter() - t0, removed=removed)
-        self.dist.barrier()
-        self.last_saved = self.step
+        names = self._broadcast(list_files(tag_dir) if self.rank == 0 else None)
+        entries: dict[str, Any] = {}
+        if error is None:
+            try:
+                entries = hash_files(tag_dir, share_of(names, self.rank, self.world))
+            except OSError as e:
+                error = f"rank {self.rank}: hashing: {describe_write_error(e)}"
+        gathered = self._all_gather((error, entries))
+        self._checksums = {k: v for _, part in gathered for k, v in part.items()}
+        return [e for e, _ in gathered if e]
+
+    def _save_deepspeed_files(self, tag: str, state: dict[str, Any]) -> str | None:
+        try:
+            self.engine.save_checkpoint(str(self.ckpt_dir), tag=tag, client_state=dict(state), save_latest=False)
+        except (OSError, RuntimeError) as e:
+            if self.world > 1:
+                self.dist.barrier()  # the barrier DeepSpeed's save ends with, which this rank skipped
+            return f"rank {self.rank}: {describe_write_error(e)}"
+        return None
+
+    def _commit(self, tag: str) -> tuple[list[str], list[str]]:
+        """Rank 0: checksums.json, then `latest`, then pruning; returns (problems, removed tags)."""
+        try:
+            write_checksums(self.ckpt_dir / tag, self._checksums)
+            commit_latest(self.ckpt_dir, tag)
+        except OSError as e:
+            return [f"rank 0: {describe_write_error(e)}"], []
+        return [], prune(self.ckpt_dir, self.cfg.checkpoint.keep_last)
+
+    def _refuse_nonfinite_weights(self) -> None:
+        """Never save NaN/inf weights (a corrupt optimizer state turns the weights non-finite one step before the
+        loss shows it): every rank counts its own tensors (ZeRO-3: its partitions), the counts are summed."""
+        params = [getattr(p, "ds_tensor", p) if self.zero_stage == 3 else p for p in self.engine.module.parameters()]
+        bad = torch.tensor(
+            [sum(1 for t in params if t.numel() and not bool(torch.isfinite(t).all()))],
+            dtype=torch.float64,
+            device=self.engine.device,
+        )
+        if self.world > 1:
+            self.dist.all_reduce(bad)
+        if bad.item():
+            self._stop_diverged(f"{int(bad.item())} weight tensor(s) hold NaN/inf")
 
     def _write_export_files(self, out: Path) -> None:
         """What `export` needs besides the weights: the HF config and the tokenizer files."""
@@ -432,6 +606,12 @@ class Trainer:
         return sums
 
 
-def train(cfg: RunConfig, run_dir: Path, ds_config_path: str | None = None, force_resume: bool = False) -> int:
+def train(
+    cfg: RunConfig,
+    run_dir: Path,
+    ds_config_path: str | None = None,
+    force_resume: bool = False,
+    verify_checksums: bool = True,
+) -> int:
     """Entry point used by the CLI: returns the exit code."""
-    return Trainer(cfg, run_dir, ds_config_path, force_resume).run()
+    return Trainer(cfg, run_dir, ds_config_path, force_resume, verify_checksums).run()

@@ -21,6 +21,21 @@ BOOKS = ("11-0.txt", "1952-0.txt", "16-0.txt", "120-0.txt")  # Alice, Yellow Wal
 TINY = REPO / "configs" / "tiny_cpu.yaml"
 
 
+def prepare_gutenberg(out: Path) -> Path:
+    """Four Project Gutenberg books through data_prep into `out` (bert-base-uncased WordPiece vocab of the MiniLM
+    package); skips the test when the books are not there. Shared by tests/pretrain and tests/faults."""
+    import pytest
+
+    from data_prep.pipeline import tokenize_corpus
+    from elasticbert import minilm_dir
+
+    missing = [b for b in BOOKS if not (GUTENBERG / b).is_file()]
+    if missing:
+        pytest.skip(f"Gutenberg books {missing} not found under {GUTENBERG}")
+    tokenize_corpus([str(GUTENBERG / b) for b in BOOKS], out, tokenizer=minilm_dir() / "vocab.txt", valid_fraction=0.05)
+    return out
+
+
 def base_env() -> dict[str, str]:
     env = {
         k: v

@@ -156,3 +156,33 @@ def test_blended_corpora_must_share_a_tokenizer(prepared_gutenberg, tmp_path, cl
     mixed = load_config(TINY, [f"data.corpora=[{{path: {prepared_gutenberg}}}, {{path: {other}}}]"])
     with pytest.raises(ConfigError, match=r"data.corpora\[1\] .* uses a different tokenizer"):
         open_data(mixed, tmp_path, need_valid=False)
+
+
+def test_unreadable_inputs_of_every_command_are_one_line_errors(tmp_path, capsys, clean_env):
+    """A config that is not UTF-8, a DeepSpeed JSON that is not UTF-8, a world size of 0, a hub name that is not
+    cached: each command says which file or key, exits 2, no traceback."""
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"model:\n  hidden_size: \xff\xfe\n")
+    for argv in (["check-config", "--config", str(binary)], ["build-index", "--config", str(binary)]):
+        code, err = run_main(argv, capsys)
+        assert code == 2 and f"{binary}: not UTF-8 text" in err and "Traceback" not in err
+    ds = tmp_path / "ds.json"
+    ds.write_bytes(b"\xff{}")
+    code, err = run_main(["check-config", "--config", str(TINY), "--ds-config", str(ds), "--device", "cpu"], capsys)
+    assert code == 2 and f"DeepSpeed config {ds} is not valid UTF-8 JSON" in err
+    code, err = run_main(["check-config", "--config", str(TINY), "--world-size", "0"], capsys)
+    assert code == 2 and "--world-size=0 must be >= 1" in err
+
+
+def test_an_uncached_hub_name_fails_before_any_process_group(
+    prepared_gutenberg, tmp_path, capsys, clean_env, monkeypatch
+):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    args = train_args(TINY, tmp_path / "r", prepared_gutenberg, ["model.init_from=bert-base-uncased"])
+    code, err = run_main(args, capsys)
+    assert (
+        code == 2
+        and "model.init_from bert-base-uncased: not a local directory and not in the Hugging Face cache" in err
+    )
+    assert "Traceback" not in err and not (tmp_path / "r" / "config.yaml").exists()

@@ -9,19 +9,23 @@ import pytest
 from common.dist import expand_nodelist, resolve_env
 from pretrain.config import REPO_ROOT, ConfigError, load_config, validate
 from pretrain.ds_config import fill_ds_config, load_ds_json
+from pretrain.precision import DeviceCaps
 from pretrain.schedule import learning_rate
 
 CONFIGS = REPO_ROOT / "configs"
 DS = REPO_ROOT / "ds_configs"
+A100 = DeviceCaps("cuda", "NVIDIA A100-SXM4-80GB", True, "8.0")
+V100 = DeviceCaps("cuda", "Tesla V100-SXM2-32GB", False, "7.0")
+CPU = DeviceCaps.cpu()
 
 
 def test_shipped_configs_load_and_match_the_design():
-    base = load_config(CONFIGS / "elasticbert_base.yaml")
+    base = load_config(CONFIGS / "elasticbert_base_scratch.yaml")
     assert (base.model.num_hidden_layers, base.exits.num_groups, base.data.max_seq_len) == (12, 2, 512)
     assert (base.train.global_batch_size, base.train.train_steps) == (4096, 125_000)
     assert base.exit_groups() == [(1, 3, 5, 7, 9, 11, 12), (2, 4, 6, 8, 10, 12)]
     validate(base, world_size=64)  # 64 GPUs: 32 x 64 x accumulation 2
-    large = load_config(CONFIGS / "elasticbert_large.yaml")
+    large = load_config(CONFIGS / "elasticbert_large_scratch.yaml")
     assert large.model.num_hidden_layers == 24 and large.model.activation_checkpointing
     assert large.exit_groups() == [
         tuple(range(1, 24, 3)) + (24,),
@@ -34,6 +38,51 @@ def test_shipped_configs_load_and_match_the_design():
 
     for cfg in (base, large, tiny):  # our derivation agrees with the model package's
         assert cfg.exit_groups() == exit_groups(cfg.model.num_hidden_layers, cfg.exits.num_groups)
+    # the from-scratch recipes are the paper's apart from the documented departures (init and optimiser)
+    for scratch, paper in (("base_scratch", "base"), ("large_scratch", "large")):
+        a, b = load_config(CONFIGS / f"elasticbert_{scratch}.yaml"), load_config(CONFIGS / f"elasticbert_{paper}.yaml")
+        assert a.model.init_from is None and b.model.init_from is not None
+        assert a.data == b.data and a.exit_groups() == b.exit_groups() and a.train == b.train
+        assert (a.model.hidden_size, a.model.num_hidden_layers) == (b.model.hidden_size, b.model.num_hidden_layers)
+        assert a.optim.betas == [0.9, 0.98] and b.optim.betas == [0.9, 0.999]
+
+
+def test_base_config_is_the_papers_recipe():
+    """configs/elasticbert_base.yaml resolves to the ElasticBERT paper's numbers (issue 17: init from BERT-base, Adam
+    (0.9, 0.999), weight decay 0.01, peak lr 2e-4, linear warm-up over the first 4 %, batch 4,096, 125k steps,
+    Wikipedia 12 GB + BookCorpus 4 GB + OpenWebText 38 GB + C4 110 GB weighted by size)."""
+    cfg = load_config(CONFIGS / "elasticbert_base.yaml")
+    assert cfg.model.init_from == "bert-base-uncased"
+    assert (cfg.model.hidden_size, cfg.model.num_hidden_layers, cfg.model.num_attention_heads) == (768, 12, 12)
+    o = cfg.optim
+    assert (o.name, o.betas, o.weight_decay, o.lr, o.decay) == ("adamw", [0.9, 0.999], 0.01, 2e-4, "linear")
+    assert (cfg.train.global_batch_size, cfg.train.train_steps) == (4096, 125_000)
+    assert o.warmup_for(cfg.train.train_steps) == 5000 == 0.04 * 125_000
+    lrs = [learning_rate(t, 125_000, o) for t in (0, 4998, 4999, 5000, 65_000, 124_999)]
+    assert lrs[0] == pytest.approx(2e-4 / 5000) and lrs[2] == lrs[3] == pytest.approx(2e-4)
+    assert lrs[1] < lrs[2] and lrs[4] == pytest.approx(1e-4) and lrs[5] == pytest.approx(2e-4 / 120_000)
+    mix = {c.name: (c.path, c.weight) for c in cfg.data.corpora}
+    assert {k: w for k, (_, w) in mix.items()} == {"wikipedia": 12, "bookcorpus": 4, "openwebtext": 38, "c4": 110}
+    assert all(path == f"${{ELASTICBERT_DATA}}/{name}" for name, (path, _) in mix.items())
+    assert cfg.train.precision == "auto" and cfg.train.ds_config == "ds_configs/zero1.json"
+    validate(cfg, world_size=64)
+    large = load_config(CONFIGS / "elasticbert_large.yaml")
+    assert large.model.init_from == "bert-large-uncased" and large.model.num_hidden_layers == 24
+    assert (large.optim, large.data, large.train.train_steps) == (cfg.optim, cfg.data, 125_000)
+    validate(large, world_size=64)
+
+
+def test_check_config_needs_no_weights(capsys, monkeypatch, tmp_path):
+    """The paper's recipe names a hub model; check-config resolves it only as a name (an empty hub cache here)."""
+    from pretrain.__main__ import main
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty_cache"))
+    code = main(["check-config", "--config", str(CONFIGS / "elasticbert_base.yaml"), "--world-size", "64",
+                 "--device", "gpu-no-bf16"])  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["config"]["model"]["init_from"] == "bert-base-uncased" and out["warmup_steps"] == 5000
+    assert out["deepspeed"]["fp16"]["enabled"] is True and out["deepspeed"]["bf16"]["enabled"] is False
+    assert out["precision"].startswith("fp16 (auto: ") and not (tmp_path / "empty_cache").exists()
 
 
 def test_overrides_are_typed_and_reach_nested_lists():
@@ -65,6 +114,9 @@ def test_overrides_are_typed_and_reach_nested_lists():
         (["data.corpora=[]"], "at least one prepared corpus"),
         (["optim.warmup_steps=99"], "optim.warmup_steps=99 must be within 0..train.train_steps=30"),
         (["optim.name=lamb", "train.zero_stage=1"], "LAMB's per-tensor trust ratio"),
+        (["optim.warmup_fraction=0.1"], "optim.warmup_steps and optim.warmup_fraction are exclusive"),
+        (["optim.warmup_steps=0", "optim.warmup_fraction=1.5"], "optim.warmup_fraction=1.5 must be in [0, 1]"),
+        (["data.max_unk_fraction=2"], "data.max_unk_fraction=2.0 must be in [0, 1]"),
     ],
 )
 def test_config_errors_are_specific(overrides, message):
@@ -86,6 +138,18 @@ def test_world_size_divisibility_is_checked_with_a_hint():
         validate(cfg, world_size=3)
 
 
+def test_warmup_fraction_is_the_same_schedule_and_hash_as_its_steps():
+    steps = load_config(CONFIGS / "tiny_cpu.yaml", ["optim.warmup_steps=6"])
+    fraction = load_config(CONFIGS / "tiny_cpu.yaml", ["optim.warmup_steps=0", "optim.warmup_fraction=0.2"])
+    assert fraction.optim.warmup_for(30) == 6
+    assert [learning_rate(t, 30, steps.optim) for t in range(30)] == [
+        learning_rate(t, 30, fraction.optim) for t in range(30)
+    ]
+    assert steps.semantic_hash() == fraction.semantic_hash()
+    assert steps.semantic_hash() == load_config(CONFIGS / "tiny_cpu.yaml", ["optim.warmup_steps=6",
+                                                "data.max_unk_fraction=0.5"]).semantic_hash()  # fmt: skip
+
+
 def test_semantic_hash_ignores_cadence_but_not_meaning():
     a = load_config(CONFIGS / "tiny_cpu.yaml")
     assert (
@@ -101,12 +165,18 @@ def test_semantic_hash_ignores_cadence_but_not_meaning():
 # ------------------------------------------------------------------------------------------------ DeepSpeed JSON
 
 
+def _caps_for(name):
+    """The device a shipped JSON is meant for: fp16 files for V100s, CPU for cpu_*, else a bf16 GPU."""
+    return V100 if "fp16" in name else CPU if name.startswith("cpu") else A100
+
+
 @pytest.mark.parametrize("path", sorted(DS.glob("*.json")), ids=lambda p: p.name)
 def test_every_ds_config_fills_completely(path):
     cfg = load_config(CONFIGS / "elasticbert_base.yaml")
     raw = load_ds_json(path)
-    device = "cuda" if "fp16" in path.name or "bf16" in path.name else "cpu"
-    ds, layout = fill_ds_config(raw, cfg, world_size=64, device=device)
+    caps = _caps_for(path.name)
+    device = caps.kind
+    ds, layout = fill_ds_config(raw, cfg, world_size=64, caps=caps)
     assert "auto" not in json.dumps(ds)
     assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (
         4096,
@@ -125,16 +195,85 @@ def test_every_ds_config_fills_completely(path):
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
     DeepSpeedZeroConfig(**ds["zero_optimization"])
-    if "fp16" in ds:
-        assert DeepSpeedFP16Config(**ds["fp16"]).enabled is ("fp16" in path.name)
-    if "bf16" in ds:
-        assert DeepSpeedBF16Config(**ds["bf16"]).enabled is ("bf16" in path.name)
+    expected = "fp16" if caps is V100 else "bf16" if caps is A100 else "fp32"
+    assert DeepSpeedFP16Config(**ds["fp16"]).enabled is (expected == "fp16")
+    assert DeepSpeedBF16Config(**ds["bf16"]).enabled is (expected == "bf16")
 
 
 def test_fp16_refused_on_cpu_with_a_way_out():
     cfg = load_config(CONFIGS / "tiny_cpu.yaml")
     with pytest.raises(ConfigError, match="fp16 is not supported by DeepSpeed on CPU"):
-        fill_ds_config(load_ds_json(DS / "zero2_fp16.json"), cfg, world_size=2, device="cpu")
+        fill_ds_config(load_ds_json(DS / "zero2_fp16.json"), cfg, world_size=2, caps=CPU)
+
+
+@pytest.mark.parametrize(
+    ("requested", "json_name", "caps", "expected", "why"),
+    [
+        ("auto", "zero1.json", A100, "bf16", "auto: NVIDIA A100-SXM4-80GB (native bf16"),
+        ("auto", "zero1.json", V100, "fp16", "no native bf16, compute capability 7.0): fp16 with dynamic loss scal"),
+        ("auto", "zero1.json", CPU, "fp32", "auto: CPU"),
+        ("auto", "cpu_fp32.json", CPU, "fp32", "auto: CPU"),
+        ("auto", "zero2_bf16.json", A100, "bf16", "the DeepSpeed JSON enables bf16"),
+        ("auto", "zero2_fp16.json", A100, "fp16", "the DeepSpeed JSON enables fp16"),
+        ("fp32", "zero1.json", A100, "fp32", "train.precision=fp32"),
+        ("fp16", "zero3.json", A100, "fp16", "train.precision=fp16"),
+        ("bf16", "cpu_fp32.json", CPU, "bf16", "train.precision=bf16"),
+        ("fp32", "zero1_fp16.json", V100, "fp32", "train.precision=fp32"),
+    ],
+)
+def test_precision_choice_for_every_device(requested, json_name, caps, expected, why):
+    """`train.precision` x DeepSpeed JSON x device (mocked capabilities) -> the DeepSpeed precision sections."""
+    from pretrain.precision import FP16_DYNAMIC, choose_precision, precision_of
+
+    cfg = load_config(CONFIGS / "elasticbert_base.yaml", [f"train.precision={requested}"])
+    raw = load_ds_json(DS / json_name)
+    ds, _ = fill_ds_config(raw, cfg, world_size=64, caps=caps)
+    choice = choose_precision(requested, raw, caps)
+    assert precision_of(ds) == choice.precision == expected and why in choice.reason
+    assert ds["bf16"]["enabled"] is (expected == "bf16") and ds["fp16"]["enabled"] is (expected == "fp16")
+    if expected == "fp16":  # dynamic loss scaling: the JSON's settings, DeepSpeed's defaults where it has none
+        assert ds["fp16"]["loss_scale"] == 0 and set(FP16_DYNAMIC) <= set(ds["fp16"])
+    assert "auto" not in json.dumps(ds)
+
+
+def test_the_default_job_on_v100s_gets_fp16_without_a_flag():
+    """slurm/pretrain_base.sh runs configs/elasticbert_base.yaml with its own ds_config: on V100s that is fp16 with
+    dynamic loss scaling (a bf16 JSON would be emulated there), on A100s bf16."""
+    cfg = load_config(CONFIGS / "elasticbert_base.yaml")
+    raw = load_ds_json(REPO_ROOT / cfg.train.ds_config)
+    v100, _ = fill_ds_config(raw, cfg, world_size=64, caps=V100)
+    a100, _ = fill_ds_config(raw, cfg, world_size=64, caps=A100)
+    assert v100["fp16"] == {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                            "hysteresis": 2, "min_loss_scale": 1}  # fmt: skip
+    assert v100["bf16"]["enabled"] is False and a100["bf16"]["enabled"] is True and a100["fp16"]["enabled"] is False
+
+
+def test_bf16_refused_where_it_would_be_emulated():
+    cfg = load_config(CONFIGS / "elasticbert_base.yaml")
+    with pytest.raises(ConfigError, match=r"bf16 requested \(the DeepSpeed JSON enables bf16\) but Tesla V100"):
+        fill_ds_config(load_ds_json(DS / "zero1_bf16.json"), cfg, world_size=64, caps=V100)
+    with pytest.raises(ConfigError, match="would only emulate it"):
+        fill_ds_config(load_ds_json(DS / "zero1.json"), load_config(CONFIGS / "elasticbert_base.yaml",
+                       ["train.precision=bf16"]), world_size=64, caps=V100)  # fmt: skip
+
+
+def test_device_detection_reads_the_compute_capability(monkeypatch):
+    """DeviceCaps.detect: native bf16 from compute capability >= 8 (what torch.cuda.is_bf16_supported(
+    including_emulation=False) tests), without creating a CUDA context; no GPU -> CPU."""
+    import types
+
+    import torch
+
+    props = {0: types.SimpleNamespace(name="Tesla V100-SXM2-32GB", major=7, minor=0),
+             1: types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0)}  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props[i])
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert DeviceCaps.detect(0) == V100
+    assert DeviceCaps.detect(3) == DeviceCaps("cuda", "NVIDIA H100 80GB HBM3", True, "9.0")  # local rank 3 -> GPU 1
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert DeviceCaps.detect(0) == CPU
 
 
 def test_ds_json_disagreeing_with_run_config_is_an_error():
@@ -151,7 +290,7 @@ def test_ds_json_disagreeing_with_run_config_is_an_error():
 
 def test_zero_stage_and_precision_overrides():
     cfg = load_config(CONFIGS / "tiny_cpu.yaml", ["train.zero_stage=3", "train.precision=bf16"])
-    ds, layout = fill_ds_config(load_ds_json(DS / "cpu_fp32.json"), cfg, world_size=1)
+    ds, layout = fill_ds_config(load_ds_json(DS / "cpu_fp32.json"), cfg, world_size=1, caps=CPU)
     assert ds["zero_optimization"]["stage"] == 3 and ds["bf16"]["enabled"] is True
     assert layout.grad_accum == 4
 

@@ -89,3 +89,22 @@ def test_dropout_seed_depends_on_step_and_global_micro_batch_only():
     seeds = {micro_seed(1234, step, j) for step in range(20) for j in range(8)}
     assert len(seeds) == 160 and all(0 <= s < 2**63 for s in seeds)
     assert micro_seed(1234, 3, 5) == micro_seed(1234, 3, 5) != micro_seed(1235, 3, 5)
+
+
+def test_init_from_a_hub_name_resolves_through_the_cache_when_the_run_starts(tmp_path, monkeypatch):
+    """`model.init_from: bert-base-uncased` (the paper's recipe) is looked up in the Hugging Face cache offline; a
+    hand-made cache holding the MiniLM weights under that name stands in for the real download."""
+    from hub_cache import add_to_hub_cache
+    from safetensors.torch import load_file
+
+    from elasticbert import minilm_dir
+
+    add_to_hub_cache(tmp_path / "hub", "bert-base-uncased", minilm_dir())
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = load_config(TINY, ["model.init_from=bert-base-uncased", "model.num_hidden_layers=6"])
+    model, origin = build_model(cfg, 30522, None)
+    assert "snapshots" in origin and model.config.hidden_size == 384
+    src = load_file(minilm_dir() / "model.safetensors")
+    key = next(k for k in src if k.endswith("encoder.layer.3.attention.self.query.weight"))
+    assert torch.equal(model.elasticbert.encoder.layer[3].attention.self.query.weight, src[key])

@@ -86,6 +86,15 @@ def test_each_zero_stage_trains_the_right_groups_and_learns(zero_runs, stage):
     assert (run / "checkpoints" / "latest").read_text() == f"global_step{STEPS}"
     kept = sorted(p.name for p in (run / "checkpoints").glob("global_step*"))
     assert kept == ["global_step20", "global_step25", "global_step30"]  # keep_last=3
+    # checksums.json written from both ranks' shares lists every file, DeepSpeed's per-rank files included
+    from pretrain.integrity import list_files, verify_share
+
+    for tag in kept:
+        recorded = json.loads((run / "checkpoints" / tag / "checksums.json").read_text())["files"]
+        assert sorted(recorded) == list_files(run / "checkpoints" / tag)
+        assert sum(name.endswith("_optim_states.pt") for name in recorded) == 2  # one per rank
+        assert verify_share(run / "checkpoints" / tag, 0, 1) == []
+    assert start["precision"] == "fp32" and start["precision_reason"].startswith("auto: CPU")
 
 
 def test_tensorboard_and_validation(zero_runs):
