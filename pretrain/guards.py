@@ -15,10 +15,7 @@ from __future__ import annotations
 import errno
 import math
 
-from common.errors import UserError
-
-EXIT_DIVERGED = 3  # a non-finite loss / gradient norm / weight: stopped without saving
-EXIT_WRITE_FAILED = 4  # a checkpoint or log could not be written (disk full, I/O error): nothing half-written kept
+from common.errors import EXIT_DIVERGED, EXIT_WRITE_FAILED, UserError
 
 
 class TrainingDiverged(UserError):
