@@ -7,13 +7,12 @@ cd "$(dirname "$0")/.."
 DIR=.gpu_wheels
 PY=${PYTHON:-.venv/bin/python}
 rm -rf "$DIR" && mkdir -p "$DIR"
-DS_VERSION=$("$PY" -c "import deepspeed; print(deepspeed.__version__.split('+')[0])")
+DS_VERSION=$("$PY" -m pip show deepspeed | sed -n 's/^Version: //p')
 # DeepSpeed ships an sdist only: build its pure-Python wheel (no ops compiled; they JIT-build on the GPU box)
 DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps --no-build-isolation "deepspeed==$DS_VERSION" -w "$DIR"
-# its dependencies that the image lacks, as cp312 manylinux wheels
-"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d "$DIR" \
-  hjson pydantic pydantic-core annotated-types typing-inspection
+# its dependencies that the image lacks, as cp312 manylinux wheels, resolved together (pydantic pins its core)
+"$PY" -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d "$DIR" hjson pydantic
 printf '%s\n' "deepspeed==$DS_VERSION" hjson pydantic >"$DIR/requirements.txt"
 du -sh "$DIR"
 echo "ignore it in git: echo /$DIR/ >> .git/info/exclude"
