@@ -122,10 +122,18 @@ def main(argv: list[str] | None = None) -> int:
     cases = [build_case("plain (1 linear exit, top)", args)]
     cases.append(build_case("plain (1 mha exit, top)", args, exit_type="mha"))
     for exit_type in ("linear", "mha"):
-        cases.append(build_case(f"jt {exit_type} (all exits)", args, exits="all", exit_type=exit_type))
+        cases.append(
+            build_case(
+                f"jt {exit_type} (all exits)", args, exits="all", exit_type=exit_type, gradient_equilibrium=False
+            )
+        )
     cases.append(build_case("jt linear + grad. equilibrium", args, exits="all", gradient_equilibrium=True))
     for exit_type in ("linear", "mha"):
-        cases.append(build_case(f"alt {exit_type}", args, exits="all", exit_type=exit_type, method="alt"))
+        cases.append(
+            build_case(
+                f"alt {exit_type}", args, exits="all", exit_type=exit_type, method="alt", gradient_equilibrium=False
+            )
+        )
     for exit_type in ("linear", "mha"):
         for stage in (0, 1):
             cases.append(

@@ -29,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # `train` reads which options were given explicitly (they override a --recipe)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -3,6 +3,12 @@
 Every tokenizer call passes explicit `max_length` / `truncation` / `padding`: the MiniLM package's tokenizer.json
 carries truncation and padding to 128 built in, which would otherwise apply silently.
 
+Tokenizers: the one saved with the model, whatever its kind (`load_tokenizer`): WordPiece (BERT, our exports, the
+MiniLM package) through `BertTokenizer` - `AutoTokenizer` fails on a folder with only vocab.txt -, anything else
+(RoBERTa's byte-level BPE: vocab.json + merges.txt, or a tokenizer.json with a BPE model) through `AutoTokenizer`.
+Segment ids (token_type_ids) go to the model only when it has embeddings for a second segment (BERT: 2 types);
+for a one-type model (RoBERTa) every position gets type 0.
+
 Inference (evaluation, early exit, LTE features, embeddings) goes through one path: an `EncodedSplit` cut into
 length-sorted batches (little padding), a forward mapped over them, and the outputs put back in dataset order
 (`forward_in_order`).
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import random
 import time
@@ -22,7 +29,7 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from transformers import BertTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, BertTokenizer, PreTrainedTokenizerBase
 
 from .tasks import DataError, Example
 
@@ -42,12 +49,60 @@ def add_data_dir(parser: argparse.ArgumentParser | Any) -> None:
     )
 
 
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """The tokenizer saved with a model (our exports, BERT checkpoints, the MiniLM package)."""
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json")
+
+
+def _read_json(path: Path) -> dict:
+    """A small JSON file of a tokenizer/model directory ({} when absent); a broken one names the file."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DataError(f"{path}: not valid JSON ({err})") from None
+    return data if isinstance(data, dict) else {}
+
+
+def tokenizer_kind(directory: Path) -> str:
+    """'wordpiece' (BertTokenizer) or 'auto' (AutoTokenizer), from what the directory's files say."""
+    declared = str(_read_json(directory / "tokenizer_config.json").get("tokenizer_class") or "")
+    if declared:
+        return "wordpiece" if declared.removesuffix("Fast") in ("BertTokenizer", "ElasticBertTokenizer") else "auto"
+    if (directory / "vocab.txt").is_file():
+        return "wordpiece"
+    if (directory / "merges.txt").is_file():
+        return "auto"
+    model = _read_json(directory / "tokenizer.json").get("model") or {}
+    return "wordpiece" if model.get("type") == "WordPiece" else "auto"
+
+
+def load_tokenizer(path: str | Path, type_vocab_size: int | None = None) -> PreTrainedTokenizerBase:
+    """The tokenizer saved with a model, whatever its kind (see the module docstring).
+
+    `type_vocab_size` is the model's number of segment types (default: read from `path/config.json`); with one type,
+    encoding passes no segment ids (`encode_examples` gives every position type 0).
+    """
     directory = Path(path)
-    if not (directory / "vocab.txt").is_file() and not (directory / "tokenizer.json").is_file():
-        raise DataError(f"{directory}: no tokenizer files (vocab.txt or tokenizer.json)")
-    return BertTokenizer.from_pretrained(str(directory))
+    if not directory.is_dir():
+        raise DataError(f"{directory}: tokenizer directory does not exist")
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        raise DataError(f"{directory}: no tokenizer files ({', '.join(TOKENIZER_FILES)})")
+    kind = tokenizer_kind(directory)
+    try:
+        loader = BertTokenizer if kind == "wordpiece" else AutoTokenizer
+        tokenizer = loader.from_pretrained(str(directory))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DataError(f"{directory}: cannot load its tokenizer ({kind}: {err})") from None
+    if type_vocab_size is None:
+        type_vocab_size = _read_json(directory / "config.json").get("type_vocab_size")
+    if type_vocab_size is not None and int(type_vocab_size) < 2:
+        tokenizer.model_input_names = [n for n in tokenizer.model_input_names if n != "token_type_ids"]
+    return tokenizer
+
+
+def uses_token_types(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether segment ids are passed on to the model (see `load_tokenizer`)."""
+    return "token_type_ids" in tokenizer.model_input_names
 
 
 def encode_examples(
@@ -63,17 +118,19 @@ def encode_examples(
     text_a = [e.text_a for e in examples]
     pairs = examples[0].text_b is not None
     text_b = [e.text_b or "" for e in examples] if pairs else None
+    types = uses_token_types(tokenizer)
     enc = tokenizer(
         text_a,
         text_b,
         max_length=max_length,
         truncation="longest_first",
         padding="longest",
-        return_token_type_ids=True,
+        return_token_type_ids=types,
         return_attention_mask=True,
         return_tensors="pt",
     )
-    out = {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+    out = {k: enc[k] for k in ("input_ids", "attention_mask")}
+    out["token_type_ids"] = enc["token_type_ids"] if types else torch.zeros_like(enc["input_ids"])
     out["index"] = torch.tensor([e.index for e in examples], dtype=torch.long)
     labels = [e.label for e in examples]
     if all(label is not None for label in labels):

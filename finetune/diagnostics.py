@@ -16,10 +16,12 @@ import numpy as np
 import torch
 
 from common.cli import add_max_examples, add_output
+from common.errors import ConfigError
+from common.hub import resolve_pretrained
 
 from .data import EncodedSplit, add_data_dir, forward_in_order, load_tokenizer, subsample
 from .evaluation import task_for
-from .model import label_embeddings, load_finetuned
+from .model import check_max_length, label_embeddings, load_finetuned
 from .plots import plot_angles, plot_embeddings
 from .tasks import DataError, load_split
 
@@ -36,13 +38,19 @@ def exit_embeddings(
     batch_size: int = 64,
 ) -> dict[str, np.ndarray]:
     """Exit `layer`'s representations, labels and label embeddings (both L2-normalised) for a split's examples."""
-    model = load_finetuned(model_dir).eval()
+    if max_examples is not None and max_examples < 1:
+        raise ConfigError(f"--max-examples must be >= 1, got {max_examples}")
+    model_dir = resolve_pretrained(model_dir, what="--model")
+    model = load_finetuned(model_dir, purpose="plotting them").eval()
     task = task_for(model, task_name)
     if task.is_regression:
         raise DataError(f"task {task.name} is regression: it has no label embeddings to plot")
     layer = layer or model.exit_layers[-1]
     if layer not in model.exit_layers:
         raise DataError(f"--layer {layer}: the model's exits are {list(model.exit_layers)}")
+    if layer in model.untrained_exits:
+        raise DataError(f"--layer {layer}: that exit of {model_dir} was never trained (its head is random)")
+    check_max_length(model, max_length, model_dir)
     tokenizer = load_tokenizer(model_dir)
     examples = subsample(load_split(task, data_dir, split), max_examples)
     encoded = EncodedSplit.from_examples(tokenizer, examples, max_length)

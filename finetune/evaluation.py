@@ -9,7 +9,6 @@ For MNLI the mismatched dev/test sets are scored too (MNLI-m.tsv and MNLI-mm.tsv
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,11 +16,14 @@ import numpy as np
 import torch
 
 from common.cli import add_max_examples, add_output
+from common.errors import ConfigError
+from common.hub import resolve_pretrained
 from common.io import atomic_write_json, atomic_write_text
 from elasticbert import ElasticBertForSequenceClassification
 
+from .config import TrainConfig
 from .data import EncodedSplit, add_data_dir, forward_in_order, load_tokenizer, subsample
-from .model import load_finetuned
+from .model import check_max_length, exit_logits, load_finetuned
 from .plots import plot_layer_curve
 from .tasks import DataError, Example, TaskSpec, get_task, load_split, predictions_from_outputs
 
@@ -45,7 +47,7 @@ def predict_exits(
 
     def forward(ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> dict[int, torch.Tensor]:
         out = model(ids, mask, types, exit_layers=layers)
-        return {layer: logits.float() for layer, logits in zip(out.exit_layers, out.logits)}
+        return {layer: logits.float() for layer, logits in zip(out.exit_layers, exit_logits(out))}
 
     logits, _ = forward_in_order(forward, split.batches(batch_size))
     labels = None
@@ -102,13 +104,19 @@ def evaluate_model(
 ) -> dict:
     """Score every exit on `split`, plot the curve, and write test predictions. Returns what dev_scores.json holds.
 
-    `max_length` defaults to the training run's (RUN/run_config.json beside RUN/best), else 128.
+    `max_length` defaults to the training run's (RUN/run_config.json beside RUN/best), else 128. Exits that were
+    never trained are scored with a warning and listed under `untrained_exits`.
     """
-    model_dir = Path(model_dir)
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
+    if max_examples is not None and max_examples < 1:
+        raise ConfigError(f"--max-examples must be >= 1, got {max_examples}")
+    model_dir = resolve_pretrained(model_dir, what="--model")
+    model = load_finetuned(model_dir, purpose="scoring them")
     if max_length is None:
         run_config = model_dir.parent / "run_config.json"
-        max_length = json.loads(run_config.read_text())["max_length"] if run_config.is_file() else 128
-    model = load_finetuned(model_dir)
+        max_length = TrainConfig.load(run_config).max_length if run_config.is_file() else 128
+    check_max_length(model, max_length, model_dir)
     task = task_for(model, task_name)
     if model.config.num_labels != task.num_labels:
         raise DataError(
@@ -121,7 +129,12 @@ def evaluate_model(
     out_dir = Path(output)
     out_dir.mkdir(parents=True, exist_ok=True)
     specs = companion_tasks(task)
-    result: dict = {"model": str(model_dir), "exit_layers": list(model.exit_layers), "tasks": {}}
+    result: dict = {
+        "model": str(model_dir),
+        "exit_layers": list(model.exit_layers),
+        "untrained_exits": model.untrained_exits,  # scored, but their heads are random (see the warning)
+        "tasks": {},
+    }
     for spec in specs:
         stem = spec.submission_name or spec.name.replace("/", "_")
         examples = subsample(load_split(spec, data_dir, split), max_examples)

@@ -3,16 +3,25 @@
 Fine-tuned runs save to `RUN_DIR/best` with `save_pretrained`; load them back with
 `elasticbert.load_pretrained(ElasticBertForSequenceClassification, RUN_DIR / "best")`, `load_finetuned(dir)` (which
 also checks the exits are there) or `AutoModelForSequenceClassification` after `import elasticbert`.
-The saved config carries `exit_layers`, `exit_type`, `id2label` and `finetuning_task`.
+The saved config carries `exit_layers`, `exit_type`, `id2label`, `finetuning_task` and `trained_exits` (the exits
+`finetune train` trained). `--model` may be a local directory or a hub name (`common.hub.resolve_pretrained`).
+
+Exits that were never trained are found from the load report (exit weights missing from the checkpoint, freshly
+initialised) and from the checkpoint's own record (`trained_exits`; a classifier saved with neither it nor a
+`finetuning_task` was never fine-tuned): scoring them would score random heads, so callers refuse or warn.
 """
 
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
 
 from safetensors import safe_open
 from torch import nn
 
+from common.errors import ConfigError
+from common.hub import resolve_pretrained
 from elasticbert import CheckpointError, ElasticBertForSequenceClassification, LoadReport, load_pretrained
 from elasticbert.loading import read_config
 
@@ -38,10 +47,9 @@ def checkpoint_exit_labels(directory: Path) -> int | None:
 
 
 def build_model(cfg: TrainConfig, task: TaskSpec) -> tuple[ElasticBertForSequenceClassification, LoadReport]:
-    """Load `cfg.model` (our export, a fine-tuned run, a plain BERT dir or the fnlp layout) with the run's exits."""
-    directory = Path(cfg.model)
-    if not directory.is_dir():
-        raise CheckpointError(f"{directory}: model directory does not exist")
+    """Load `cfg.model` (our export, a fine-tuned run, a plain BERT dir or the fnlp layout, a local directory or a
+    hub name) with the run's exits; refuses a `--max-length` beyond the positions the model can embed."""
+    directory = resolve_pretrained(cfg.model, what="--model")
     raw = read_config(directory)
     depth = int(raw.get("num_hidden_layers", 0))
     trained = checkpoint_exit_labels(directory)
@@ -67,20 +75,79 @@ def build_model(cfg: TrainConfig, task: TaskSpec) -> tuple[ElasticBertForSequenc
         overrides["id2label"] = dict(enumerate(task.label_names))
         overrides["label2id"] = {name: i for i, name in enumerate(task.label_names)}
     model, report = load_pretrained(ElasticBertForSequenceClassification, directory, **overrides)
+    cfg.validate(task.num_labels, depth, max_positions(model))
     model.config.finetuning_task = task.name
     return model, report
 
 
-def load_finetuned(path: str | Path) -> ElasticBertForSequenceClassification:
-    """A fine-tuned classifier as saved by `finetune train` (RUN_DIR/best)."""
-    directory = Path(path)
-    if checkpoint_exit_labels(directory) is None:
+def max_positions(model: ElasticBertForSequenceClassification) -> int:
+    """The longest input (tokens, special ones included) the model's position embeddings cover (RoBERTa-style
+    positions start at pad_token_id + 1, so they cover fewer than max_position_embeddings)."""
+    config = model.config
+    return int(getattr(config, "max_sequence_length", config.max_position_embeddings))
+
+
+def check_max_length(model: ElasticBertForSequenceClassification, max_length: int, source: str | Path) -> None:
+    """Refuse a `--max-length` that is not positive or that the model cannot embed, before any data is read."""
+    limit = max_positions(model)
+    if not 1 <= max_length <= limit:
+        raise ConfigError(
+            f"--max-length {max_length}: the model {source} embeds 1..{limit} positions; pass a value in that range"
+        )
+
+
+def freshly_initialised_exits(report: LoadReport) -> list[int]:
+    """Exit layers whose weights were not in the checkpoint (initialised at random when it loaded)."""
+    return sorted({int(m.group(1)) for key in report.initialised if (m := re.match(r"exits\.(\d+)\.", key))})
+
+
+def untrained_exits(model: ElasticBertForSequenceClassification, report: LoadReport) -> tuple[list[int], str]:
+    """Exit layers with no trained weights, and why (see the module docstring)."""
+    exits = list(model.exit_layers)
+    fresh = freshly_initialised_exits(report)
+    if fresh:
+        return fresh, "their weights are not in the checkpoint (initialised at random when it loaded)"
+    recorded = getattr(model.config, "trained_exits", None)
+    if recorded is not None:
+        missing = [layer for layer in exits if layer not in set(recorded)]
+        return missing, f"the checkpoint records trained exits {list(recorded)} only"
+    if not getattr(model.config, "finetuning_task", None):
+        return exits, "the checkpoint records no fine-tuning (no trained_exits or finetuning_task in its config.json)"
+    return [], ""
+
+
+def load_finetuned(
+    path: str | Path, require_trained: bool = False, purpose: str = "scoring them"
+) -> ElasticBertForSequenceClassification:
+    """A fine-tuned classifier as saved by `finetune train` (RUN_DIR/best), a local directory or a hub name.
+
+    Refuses a checkpoint with no trained exit at all; exits that were never trained are listed in
+    `model.untrained_exits` and refused when `require_trained` (early exit and submissions need every exit), else
+    named in a warning on stderr."""
+    directory = resolve_pretrained(path, what="--model")
+    if checkpoint_exit_labels(directory) is None and read_config(directory).get("model_type") != "elasticbert":
         raise CheckpointError(f"{directory}: not a fine-tuned classifier (no exit classifiers in the weights)")
     model, report = load_pretrained(ElasticBertForSequenceClassification, directory)
-    missing = [k for k in report.initialised if k.startswith("exits.")]
-    if missing:
-        raise CheckpointError(f"{directory}: exit weights missing from the checkpoint: {missing[:4]}")
+    untrained, why = untrained_exits(model, report)
+    model.untrained_exits = untrained
+    if untrained == list(model.exit_layers) and freshly_initialised_exits(report):
+        raise CheckpointError(f"{directory}: not a fine-tuned classifier (no exit classifiers in the weights)")
+    if untrained:
+        message = (
+            f"{directory}: exits {untrained} were never trained ({why}); {purpose} would use random heads. "
+            "Fine-tune them first (finetune train --model ... --exits ...)"
+        )
+        if require_trained or untrained == list(model.exit_layers):
+            raise CheckpointError(message)
+        print(f"finetune: warning: {message}", file=sys.stderr, flush=True)
     return model
+
+
+def exit_logits(output: object) -> tuple:
+    """Every exit's logits of a classifier forward, in `output.exit_layers` order (`exit_logits` where the model
+    follows transformers' convention of `logits` = the deepest exit's, else the per-exit `logits` tuple)."""
+    per_exit = getattr(output, "exit_logits", None)
+    return tuple(per_exit if per_exit is not None else output.logits)
 
 
 def backbone_modules(model: ElasticBertForSequenceClassification) -> list[nn.Module]:

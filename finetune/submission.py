@@ -1,13 +1,27 @@
 """ELUE submission files, and the `submission` command that writes them from an `early-exit` result.
 
+ELUE does not run submitted models: it takes test predictions plus, per sample, the modules the sample activated
+with the shape of each module's input, and a Python file defining those modules, and computes each sample's FLOPs
+from the two (Liu et al., 2022, "Towards Efficient NLP: A Standard Evaluation and A Strong Baseline", NAACL,
+section 3 on ELUE's submission and evaluation; the trace is written in the paper's own example form
+``(10),emb; (10,768),layer_1; (768),exit_1``, as restated in this project's issue 17). The paper's text was not
+retrievable here beyond that example, so the column layout of the files below (a header row, ``index`` first, the
+task file names of `TaskSpec.submission_name`) follows this project's GLUE-style prediction files; check it against
+the ELUE site's current instructions before uploading.
+
 `python -m finetune submission --results EARLY_EXIT.json --output DIR [--strategy NAME[,NAME...]]` re-runs every
 operating point of the result (model, data, batch size and maximum length as recorded in it) on the test split and
-writes one directory per point, `DIR/<strategy>_<threshold>/`, with one set of files per task, in the form the
-official ElasticBERT/ELUE code produced for the ELUE site:
+writes one directory per point, `DIR/<strategy>_<threshold>/`, each a complete submission:
 - ``{TASK}.tsv``: ``index<TAB>prediction`` (label strings as the task's files spell them; STS-B: 3 decimals);
-- ``{TASK}_exit_layer.tsv``: ``index<TAB>exit_layer`` (1-based layer each test sample left at);
-- ``{TASK}_modules.tsv``: ``index<TAB>exit_layer<TAB>length<TAB>flops<TAB>modules``, the module trace the sample ran
-  (``embeddings,layer1,exit1,layer2,exit2,...``), its real length and FLOPs under the ELUE conventions;
+- ``{TASK}_modules.tsv``: ``index<TAB>modules``, the activation trace of each sample, e.g. for a sample of 10 tokens
+  that left at exit 2 of a model with hidden size 768 and linear exits at every layer:
+  ``(10),emb; (10,768),layer_1; (768),exit_1; (10,768),layer_2; (768),exit_2``. Names: ``emb`` (input: the token
+  ids, shape (L)), ``layer_i`` (the i-th transformer layer, input (L, H)), ``exit_i`` (the exit after layer i: input
+  (H), the [CLS] vector, for a linear exit; (L, H) for an MHA exit). L is the sample's real length (no padding);
+- ``model.py``: the definition of those modules (torch only; ``build()`` returns an ``nn.ModuleDict`` keyed by the
+  trace's names, each module taking one input of the traced shape with a leading batch dimension);
+- ``{TASK}_exit_layer.tsv``: ``index<TAB>exit_layer<TAB>length<TAB>flops`` (our own record: the 1-based exit, the
+  real length, the FLOPs of this project's counter, which equals the official ElasticBERT one);
 - ``submission.json``: model, strategy, threshold, mean test FLOPs, exit histogram.
 """
 
@@ -23,27 +37,44 @@ import numpy as np
 
 from common.cli import add_output
 from common.errors import ConfigError
+from common.hub import resolve_pretrained
 from common.io import atomic_write_json, atomic_write_text
 from elasticbert import ElasticBertForSequenceClassification
 
+from . import elue_modules
 from .data import Batch, EncodedSplit, load_tokenizer
 from .early_exit.engine import exit_histogram, per_sample_flops, run_dataset
 from .early_exit.lte import LearnedExitHead
 from .early_exit.rules import make_rule
 from .early_exit.sweep import is_early_exit_result
-from .model import load_finetuned
+from .model import check_max_length, load_finetuned
 from .tasks import DataError, TaskSpec, get_task, load_split
 
 
-def module_trace(exits_run: Sequence[int], exit_layer: int) -> str:
-    """`embeddings,layer1,exit1,layer2,...` - the modules one sample went through, in order."""
+def activation_trace(
+    exits_run: Sequence[int], exit_layer: int, length: int, hidden_size: int, exit_type: str = "linear"
+) -> str:
+    """The modules one sample activated, in order, each with the shape of its input (ELUE's form):
+    `(L),emb; (L,H),layer_1; (H),exit_1; ...` (an MHA exit reads the whole sequence: `(L,H),exit_i`)."""
     ran = set(exits_run)
-    parts = ["embeddings"]
+    exit_shape = f"({length},{hidden_size})" if exit_type == "mha" else f"({hidden_size})"
+    parts = [f"({length}),emb"]
     for layer in range(1, exit_layer + 1):
-        parts.append(f"layer{layer}")
+        parts.append(f"({length},{hidden_size}),layer_{layer}")
         if layer in ran:
-            parts.append(f"exit{layer}")
-    return ",".join(parts)
+            parts.append(f"{exit_shape},exit_{layer}")
+    return "; ".join(parts)
+
+
+def parse_activation_trace(text: str) -> list[tuple[tuple[int, ...], str]]:
+    """`(10),emb; (10,768),layer_1` -> [((10,), "emb"), ((10, 768), "layer_1")] (the inverse of `activation_trace`)."""
+    out = []
+    for part in text.split(";"):
+        shape, _, name = part.strip().rpartition(",")
+        if not (shape.startswith("(") and shape.endswith(")") and name):
+            raise DataError(f"not an activation trace entry: {part.strip()!r} (expected '(D1,D2,...),name')")
+        out.append((tuple(int(d) for d in shape[1:-1].split(",") if d.strip()), name.strip()))
+    return out
 
 
 def write_submission(
@@ -56,23 +87,32 @@ def write_submission(
     flops: Sequence[float],
     exits_run: Sequence[Sequence[int]],
     meta: Mapping | None = None,
+    config: object | None = None,
 ) -> list[Path]:
-    """Write one task's submission files (see the module docstring) into `directory`."""
+    """Write one task's submission files (see the module docstring) into `directory`; `config` is the model's
+    (an ElasticBertConfig, or anything with its attributes) and gives the traced shapes and model.py."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     name = task.submission_name or task.name
+    hidden, exit_type = int(config.hidden_size), str(config.exit_type)
     pred_lines = ["index\tprediction\n"]
-    exit_lines = ["index\texit_layer\n"]
-    trace_lines = ["index\texit_layer\tlength\tflops\tmodules\n"]
-    for idx, pred, layer, length, flop, trace in zip(index, predictions, exit_layers, lengths, flops, exits_run):
+    trace_lines = ["index\tmodules\n"]
+    exit_lines = ["index\texit_layer\tlength\tflops\n"]
+    for idx, pred, layer, length, flop, ran in zip(index, predictions, exit_layers, lengths, flops, exits_run):
         pred_lines.append(f"{int(idx)}\t{task.label_name(pred)}\n")
-        exit_lines.append(f"{int(idx)}\t{int(layer)}\n")
-        trace_lines.append(
-            f"{int(idx)}\t{int(layer)}\t{int(length)}\t{float(flop):.0f}\t{module_trace(trace, int(layer))}\n"
-        )
-    paths = [directory / f"{name}.tsv", directory / f"{name}_exit_layer.tsv", directory / f"{name}_modules.tsv"]
-    for path, lines in zip(paths, (pred_lines, exit_lines, trace_lines)):
-        atomic_write_text(path, "".join(lines))
+        trace = activation_trace(ran, int(layer), int(length), hidden, exit_type)
+        trace_lines.append(f"{int(idx)}\t{trace}\n")
+        exit_lines.append(f"{int(idx)}\t{int(layer)}\t{int(length)}\t{float(flop):.0f}\n")
+    paths = [
+        directory / f"{name}.tsv",
+        directory / f"{name}_modules.tsv",
+        directory / f"{name}_exit_layer.tsv",
+        directory / "model.py",
+    ]
+    for path, text in zip(
+        paths, ("".join(pred_lines), "".join(trace_lines), "".join(exit_lines), model_definition(config))
+    ):
+        atomic_write_text(path, text)
     if meta is not None:
         meta_path = directory / "submission.json"
         existing = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
@@ -80,6 +120,35 @@ def write_submission(
         atomic_write_json(meta_path, existing, indent=1)
         paths.append(meta_path)
     return paths
+
+
+MODEL_CONFIG_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "layer_norm_eps",
+    "num_labels",
+    "exit_layers",
+    "exit_type",
+    "exit_mha_dim",
+    "exit_mha_heads",
+)
+
+
+def model_definition(config: object) -> str:
+    """The source of `finetune/elue_modules.py` with CONFIG set to `config`'s values: the submission's model.py."""
+    values = {key: getattr(config, key) for key in MODEL_CONFIG_KEYS}
+    values["exit_layers"] = [int(layer) for layer in values["exit_layers"]]
+    source = Path(elue_modules.__file__).read_text(encoding="utf-8")
+    start = source.index("CONFIG: dict = {")
+    end = source.index("\n}\n", start) + 3
+    literal = "CONFIG: dict = " + json.dumps(values, indent=4) + "\n"
+    header = "# Written by `python -m finetune submission` for this model (ELUE model definition).\n"
+    return header + source[:start] + literal + source[end:]
 
 
 @dataclass
@@ -98,12 +167,21 @@ class TestRun:
         cls, results: Mapping, model: ElasticBertForSequenceClassification | None = None, split_name: str = "test"
     ) -> TestRun:
         """The model, data and settings recorded in an early-exit result (`model` may be given, already loaded)."""
+        missing = [key for key in ("task", "model", "strategies") if key not in results]
+        if missing:
+            raise DataError(f"the early-exit result lacks the keys {missing}")
         task = get_task(results["task"])
-        model = model if model is not None else load_finetuned(results["model"])
-        tokenizer = load_tokenizer(results["model"])
+        model_dir = resolve_pretrained(results["model"], what="the result's model")
+        if model is None:
+            model = load_finetuned(model_dir, require_trained=True, purpose="a submission")
+        max_length, batch_size = int(results.get("max_length", 128)), int(results.get("batch_size", 32))
+        check_max_length(model, max_length, model_dir)
+        if batch_size < 1:
+            raise DataError(f"the early-exit result's batch_size must be >= 1, got {batch_size}")
+        tokenizer = load_tokenizer(model_dir)
         examples = load_split(task, results.get("data_dir"), split_name)
-        split = EncodedSplit.from_examples(tokenizer, examples, int(results.get("max_length", 128)))
-        return cls(results, model, task, split_name, split, split.batches(int(results.get("batch_size", 32))))
+        split = EncodedSplit.from_examples(tokenizer, examples, max_length)
+        return cls(results, model, task, split_name, split, split.batches(batch_size))
 
     def write_point(
         self, name: str, point: Mapping, params: Mapping, head: LearnedExitHead | None, out: Path
@@ -140,6 +218,7 @@ class TestRun:
             flops.tolist(),
             [result.trace(i) for i in range(len(self.split))],
             meta,
+            self.model.config,
         )
 
 
@@ -198,7 +277,12 @@ def main(args: argparse.Namespace) -> int:
     path = Path(args.results)
     if not path.is_file():
         raise DataError(f"{path}: no such file (pass the JSON `finetune early-exit` wrote)")
-    results = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text ({err})") from None
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None
     chosen = [s.strip() for s in args.strategy.split(",") if s.strip()] if args.strategy else None
     written = write_submissions_for_results(results, args.output, split_name=args.split, strategies=chosen)
     print(f"{path}: wrote {len(written)} submission directories under {args.output}")

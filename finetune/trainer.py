@@ -3,11 +3,13 @@
 A train step, top-down: forward the exits this step needs → per-exit loss terms → (gated) backward → optimizer step.
 Dev evaluation scores every exit; the best state of each phase (mean main metric over the exits the phase trains) is
 kept in memory, restored at the end of the phase (so 2ST's stage 2 starts from the best stage 1) and written to
-RUN_DIR/best at the end.
+RUN_DIR/best at the end. Early stopping (`early_stopping_patience` = N): a phase ends after N evaluations in a row
+without a better selection score (the official ElasticBERT `--early_stop_steps`); its best weights are kept.
 
 Run directory: best/ (model + tokenizer, `save_pretrained`), run_config.json, dev_scores.json (per-exit dev scores of
 the best checkpoint + history), layer_curve.png, tensorboard/ (events), acl_diagnostics.json (when a contrastive
-objective runs).
+objective runs). `best/` and then `dev_scores.json` are written last, each atomically: a run killed before that leaves
+neither (see `run_dir.py` for what a new run does with such a directory, or with a finished or running run).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,20 +25,32 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from tqdm.auto import tqdm
 
 from common.dist import resolve_env
+from common.errors import ConfigError
+from common.hub import resolve_pretrained
 from common.io import atomic_path, atomic_write_json
-from elasticbert import ElasticBertForSequenceClassification
+from elasticbert import ElasticBertForSequenceClassification, LoadReport
 
 from .acl_grad import AngleRecord, ExitTerms, gated_backward
 from .config import TrainConfig
 from .data import iterate_batches, load_tokenizer, subsample
 from .evaluation import per_exit_scores, predict_exits
 from .methods import Phase, build_phases, exit_weights
-from .model import backbone_modules, build_model, exit_modules, exit_parameters, label_embeddings, set_frozen
+from .model import (
+    backbone_modules,
+    build_model,
+    exit_modules,
+    exit_parameters,
+    freshly_initialised_exits,
+    label_embeddings,
+    set_frozen,
+)
 from .objectives import acl_cl_loss, acl_embed_loss, kd_loss, scl_loss, task_loss
 from .plots import plot_layer_curve
+from .run_dir import RunWriteError, check_run_dir, claim_run_dir
 from .tasks import Example, TaskSpec, get_task, load_split
 
 ExitOutputs = dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> (representation h^e, logits)
@@ -138,7 +153,7 @@ def build_optimizer(model: ElasticBertForSequenceClassification, cfg: TrainConfi
         {
             "params": params,
             "weight_decay": 0.0 if no_decay else cfg.weight_decay,
-            "lr": (cfg.exit_lr or cfg.lr) if is_head else cfg.lr,
+            "lr": (cfg.exit_lr if cfg.exit_lr is not None else cfg.lr) if is_head else cfg.lr,
         }
         for (is_head, no_decay), params in groups.items()
     ]
@@ -173,6 +188,8 @@ class Trainer:
         self.history: list[dict] = []
         self.angles: list[dict] = []
         self.best: EvalResult | None = None
+        self.evals_without_improvement = 0
+        self.stopped_early: list[dict] = []
         self.writer = None
         self.engine = None
 
@@ -189,6 +206,8 @@ class Trainer:
         phases = build_phases(self.cfg.method, list(self.model.exit_layers))
         for phase in phases:
             self.run_phase(phase)
+        # What `load_finetuned` reads to tell trained exits from random ones.
+        self.model.config.trained_exits = sorted({layer for phase in phases for layer in phase.trained_exits})
         summary = self.summary(time.time() - start)
         if self.rank == 0:
             self.save(summary)
@@ -209,8 +228,26 @@ class Trainer:
             if step % eval_every == 0 or step == total:
                 self.evaluate(phase, step)
                 self.train_mode(phase)
+                if self.should_stop(phase, step, total):
+                    break
         bar.close()
         self.end_phase(phase)
+
+    def should_stop(self, phase: Phase, step: int, total: int) -> bool:
+        """Early stopping: `early_stopping_patience` evaluations in a row without a better selection score."""
+        patience = self.cfg.early_stopping_patience
+        if patience is None or step == total or self.evals_without_improvement < patience:
+            return False
+        record = {"phase": phase.name, "step": step, "of": total, "patience": patience, "best_step": self.best.step}
+        self.stopped_early.append(record)
+        if self.rank == 0:
+            print(
+                f"{self.task.name} {phase.name}: stopped early at step {step}/{total}: {patience} evaluations "
+                f"without a better dev score (best at step {self.best.step})",
+                file=sys.stderr,
+                flush=True,
+            )
+        return True
 
     def phase_steps(self, phase: Phase) -> tuple[int, int]:
         """(optimizer steps of the phase, steps per epoch)."""
@@ -228,6 +265,7 @@ class Trainer:
         if self.cfg.deepspeed:
             self.engine, optimizer, scheduler = self._deepspeed(optimizer, scheduler)
         self.best = None
+        self.evals_without_improvement = 0
         self.train_mode(phase)
         return optimizer, scheduler
 
@@ -335,6 +373,9 @@ class Trainer:
             self.best = result
             self.best_phase = phase.name
             self.best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            self.evals_without_improvement = 0
+        else:
+            self.evals_without_improvement += 1
         return result
 
     def log_step(
@@ -404,15 +445,24 @@ class Trainer:
                 "selection": best.selection if best else None,
                 "exits": {str(k): v for k, v in best.scores.items()} if best else {},
             },
+            "trained_exits": getattr(self.model.config, "trained_exits", None),
+            "stopped_early": self.stopped_early,
             "history": self.history,
         }
 
     def save(self, summary: dict) -> None:
         """best/ (model + tokenizer, swapped in whole), dev_scores.json, the layer curve, acl_diagnostics.json."""
-        with atomic_path(self.run_dir / "best") as best_dir:
-            self.model.save_pretrained(best_dir)
-            self.tokenizer.save_pretrained(best_dir)
-        atomic_write_json(self.run_dir / "dev_scores.json", summary)
+        try:
+            with atomic_path(self.run_dir / "best") as best_dir:
+                self.model.save_pretrained(best_dir)
+                self.tokenizer.save_pretrained(best_dir)
+            atomic_write_json(self.run_dir / "dev_scores.json", summary)
+        except (OSError, SafetensorError) as err:  # the temporaries are gone: nothing that looks complete
+            reason = getattr(err, "strerror", None) or err
+            raise RunWriteError(
+                f"{self.run_dir}: cannot write the run's results ({reason}); nothing half-written was "
+                "kept. Free space (or fix the filesystem) and rerun the same command"
+            ) from err
         if summary["best"]["exits"]:
             scores = {int(k): v for k, v in summary["best"]["exits"].items()}
             plot_layer_curve(self.task, scores, self.run_dir / "layer_curve.png", title=self.run_dir.name)
@@ -424,7 +474,7 @@ class Trainer:
         import deepspeed
 
         resolve_env()  # exports RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT (rank 0 of 1 without a launcher)
-        ds_config = json.loads(Path(self.cfg.deepspeed).read_text(encoding="utf-8"))
+        ds_config = read_deepspeed_config(self.cfg.deepspeed)
         ds_config["train_micro_batch_size_per_gpu"] = self.cfg.batch_size
         ds_config.pop("train_batch_size", None)
         ds_config["gradient_accumulation_steps"] = 1
@@ -437,17 +487,53 @@ class Trainer:
         return engine, optimizer, scheduler
 
 
+def read_deepspeed_config(path: str) -> dict:
+    """`--deepspeed FILE` as a dict; a missing or malformed file names itself."""
+    try:
+        config = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"--deepspeed {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"--deepspeed {path}: cannot read it ({err})") from None
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"--deepspeed {path}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"--deepspeed {path}: expected a JSON object")
+    return config
+
+
 def run_training(cfg: TrainConfig) -> dict:
-    """Everything `finetune train` does: validate, load data and model, train, write the run directory."""
+    """Everything `finetune train` does: validate, check the run directory, load model, tokenizer and data, train,
+    write the run directory (locked while the run lasts)."""
     task = get_task(cfg.task)
     cfg.validate(task.num_labels)
+    if cfg.deepspeed:
+        read_deepspeed_config(cfg.deepspeed)
+    rank0 = resolve_env(export=False).rank == 0
+    if rank0:
+        check_run_dir(Path(cfg.output), cfg.overwrite)  # before anything is loaded
     set_seed(cfg.seed)  # fresh exit heads are initialised from it
     model, report = build_model(cfg, task)  # first: checkpoint problems surface before data is read
-    tokenizer = load_tokenizer(cfg.tokenizer or cfg.model)
+    if rank0:
+        print(load_summary(report), file=sys.stderr, flush=True)
+    tokenizer_dir = resolve_pretrained(cfg.tokenizer, what="--tokenizer") if cfg.tokenizer else Path(report.source)
+    tokenizer = load_tokenizer(tokenizer_dir, type_vocab_size=model.config.type_vocab_size)
     train = subsample(load_split(task, cfg.data_dir, "train"), cfg.max_train_examples, cfg.seed)
     dev = subsample(load_split(task, cfg.data_dir, "dev"), cfg.max_dev_examples, cfg.dev_subset_seed)
+    cfg.provenance.update(model_path=report.source, tokenizer_path=str(tokenizer_dir))
     set_seed(cfg.seed)
     trainer = Trainer(cfg, task, model, tokenizer, train, dev)
-    summary = trainer.fit()
+    if not rank0:
+        summary = trainer.fit()
+    else:
+        with claim_run_dir(Path(cfg.output), cfg.overwrite):
+            summary = trainer.fit()
     summary["load_report"] = str(report)
     return summary
+
+
+def load_summary(report: LoadReport) -> str:
+    """One line on what the checkpoint gave: tensors loaded, and the exits this run trains from random weights."""
+    fresh = freshly_initialised_exits(report)
+    exits = f"; exits {fresh} start from random weights (trained by this run)" if fresh else ""
+    return f"model {report.source} ({report.layout} layout): {len(report.mapped)} tensors loaded{exits}"

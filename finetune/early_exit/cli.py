@@ -13,11 +13,12 @@ import torch
 
 from common.cli import add_max_examples, add_output, config_argument
 from common.errors import ConfigError
+from common.hub import resolve_pretrained
 from common.io import atomic_write_json
 from elasticbert import ElasticBertForSequenceClassification
 
 from ..data import EncodedSplit, add_data_dir, load_tokenizer, subsample
-from ..model import load_finetuned
+from ..model import check_max_length, load_finetuned
 from ..plots import plot_pareto
 from ..tasks import TaskSpec, get_task, load_split
 from .lte import LearnedExitHead, train_lte_head
@@ -124,25 +125,48 @@ def sweep_config(
 def write_results(results: dict, path: Path, merge: bool) -> dict:
     """Write the result JSON, first merging an earlier run's other strategies unless `merge` is off."""
     if path.is_file() and merge:
-        results = merge_results(json.loads(path.read_text(encoding="utf-8")), results)
+        try:
+            previous = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ConfigError(
+                f"{path}: the earlier result to merge with is not valid JSON ({err}); remove it or pass --no-merge"
+            ) from None
+        results = merge_results(previous, results)
     atomic_write_json(path, results, indent=1)
     return results
 
 
+def option_problems(args: argparse.Namespace) -> list[str]:
+    """The numeric options outside their ranges (the thresholds are `SweepConfig.validate`'s)."""
+    checks = [
+        ("--max-length", args.max_length, 1),
+        ("--max-examples", args.max_examples, 1),
+        ("--max-lte-examples", args.max_lte_examples, 1),
+        ("--lte-epochs", args.lte_epochs, 1),
+        ("--threads", args.threads, 1),
+    ]
+    return [f"{name} must be >= {low}, got {value}" for name, value, low in checks if value is not None and value < low]
+
+
 def main(args: argparse.Namespace) -> int:
     """`python -m finetune early-exit ...`"""
+    problems = option_problems(args)
+    if problems:
+        raise ConfigError(problems)
     if args.threads:
         torch.set_num_threads(args.threads)
     task = get_task(args.task)
-    model = load_finetuned(args.model)
+    strategies = resolve_strategies(args.strategy, task.num_labels)
+    output = Path(args.output or Path("runs") / "early_exit" / task.name.replace("/", "_"))
+    sweep_config(args, strategies, None, output)  # option errors surface before the model or any data is read
+    model_dir = resolve_pretrained(args.model, what="--model")
+    model = load_finetuned(model_dir, require_trained=True, purpose="early exit")
     if model.config.num_labels != task.num_labels:
         raise ConfigError(
             f"{args.model} has {model.config.num_labels} labels; task {task.name} needs {task.num_labels}"
         )
-    strategies = resolve_strategies(args.strategy, task.num_labels)
-    output = Path(args.output or Path("runs") / "early_exit" / task.name.replace("/", "_"))
-    sweep_config(args, strategies, None, output)  # option errors surface before any data is read
-    tokenizer = load_tokenizer(args.model)
+    check_max_length(model, args.max_length, model_dir)
+    tokenizer = load_tokenizer(model_dir)
     output.mkdir(parents=True, exist_ok=True)
     examples = subsample(load_split(task, args.data_dir, args.split), args.max_examples)
     split = EncodedSplit.from_examples(tokenizer, examples, args.max_length)

@@ -23,6 +23,7 @@ from elasticbert.flops import sample_flops
 from elasticbert.modeling import attention_mask_for_sdpa
 
 from ..data import Batch, forward_in_order
+from ..model import exit_logits
 from ..tasks import logits_to_predictions
 from .rules import ExitRule
 
@@ -56,8 +57,8 @@ def exit_histogram(result: EarlyExitResult) -> dict[str, int]:
 def _check_right_padded(attention_mask: torch.Tensor, lengths: torch.Tensor) -> None:
     if bool(attention_mask.all()):
         return
-    positions = torch.arange(attention_mask.shape[1])
-    if not torch.equal(attention_mask.bool(), positions[None, :] < lengths[:, None]):
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    if not torch.equal(attention_mask.bool(), positions[None, :] < lengths.to(attention_mask.device)[:, None]):
         raise ValueError("early exit needs right-padded inputs (attention_mask = ones then zeros per row)")
 
 
@@ -70,7 +71,8 @@ def _exits_to_run(model: ElasticBertForSequenceClassification, exit_layers: Sequ
 
 
 class _Outputs:
-    """What each sample left with, filled in as samples leave the batch."""
+    """What each sample left with, filled in as samples leave the batch. Kept on the CPU whatever the model's device
+    (as is the rows bookkeeping: a CUDA tensor indexed by a CPU index is fine; the reverse is not)."""
 
     def __init__(self, batch: int, num_labels: int) -> None:
         self.logits = torch.empty(batch, num_labels)
@@ -78,7 +80,7 @@ class _Outputs:
         self.count = torch.empty(batch, dtype=torch.long)
 
     def record(self, rows: torch.Tensor, logits: torch.Tensor, layer: int, position: int) -> None:
-        self.logits[rows], self.layer[rows], self.count[rows] = logits.float(), layer, position
+        self.logits[rows], self.layer[rows], self.count[rows] = logits.float().cpu(), layer, position
 
 
 class _Running:
@@ -115,7 +117,7 @@ def run_batch(
     exits = _exits_to_run(model, exit_layers)
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
-    lengths = attention_mask.sum(1)
+    lengths = attention_mask.sum(1).cpu()
     _check_right_padded(attention_mask, lengths)
     longest = int(lengths.max())
     input_ids, attention_mask = input_ids[:, :longest], attention_mask[:, :longest]
@@ -147,7 +149,7 @@ def _run_layers(
         if layer == last:
             out.record(run.rows, logits, layer, position)
             return
-        fire = rule.decide(position - 1, representation, logits)
+        fire = rule.decide(position - 1, representation, logits).cpu()  # one host sync per exit (it is needed anyway)
         if run.rows.numel() == 1:  # batch-1 fast path: no index bookkeeping
             if bool(fire):
                 out.record(run.rows, logits, layer, position)
@@ -187,7 +189,7 @@ def run_full_model(
     layer = layer or model.exit_layers[-1]
 
     def forward(ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
-        return model(ids, attention_mask=mask, token_type_ids=types, exit_layers=[layer]).logits[0]
+        return exit_logits(model(ids, attention_mask=mask, token_type_ids=types, exit_layers=[layer]))[0]
 
     with torch.inference_mode():
         logits, elapsed = forward_in_order(forward, batches)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -22,6 +22,7 @@ from common.io import atomic_path
 from elasticbert import ElasticBertForSequenceClassification
 
 from ..data import EncodedSplit, forward_in_order
+from ..model import exit_logits
 from ..tasks import DataError
 
 THRESHOLD_QUANTILES = (0.05, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9)  # of the head's predictions: its default sweep
@@ -52,11 +53,17 @@ class LearnedExitHead(nn.Module):
     def load(cls, path: str | Path) -> LearnedExitHead:
         if not Path(path).is_file():
             raise DataError(f"{path}: no LTE head file (train one with `early-exit --train-lte`)")
-        state = load_file(str(path))
-        head = cls(state["linear.weight"].shape[1])
-        head.load_state_dict(state)
-        with safe_open(str(path), framework="pt") as fh:
-            head.suggested_thresholds = json.loads((fh.metadata() or {}).get("suggested_thresholds", "[]"))
+        try:
+            state = load_file(str(path))
+            head = cls(state["linear.weight"].shape[1])
+            head.load_state_dict(state)
+            with safe_open(str(path), framework="pt") as fh:
+                head.suggested_thresholds = json.loads((fh.metadata() or {}).get("suggested_thresholds", "[]"))
+        except (SafetensorError, OSError, KeyError, IndexError, RuntimeError, ValueError) as err:
+            raise DataError(
+                f"{path}: not a readable LTE head ({type(err).__name__}: {err}); retrain it with "
+                "`early-exit --train-lte`"
+            ) from None
         return head.eval()
 
 
@@ -67,7 +74,7 @@ def exit_features(
 
     def forward(ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = model(ids, attention_mask=mask, token_type_ids=types)
-        return torch.stack(out.representations, dim=1).float(), torch.stack(out.logits, dim=1).float()
+        return torch.stack(out.representations, dim=1).float(), torch.stack(exit_logits(out), dim=1).float()
 
     with torch.no_grad():
         (reps, logits), _ = forward_in_order(forward, split.batches(batch_size))  # length-sorted: little padding

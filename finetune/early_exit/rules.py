@@ -90,6 +90,12 @@ class _CountingRule(ExitRule):
         self.count = torch.zeros(batch_size, dtype=torch.long)
         self.previous = None
 
+    def _count_on(self, device: torch.device) -> torch.Tensor:
+        """The counters on the logits' device (the engine's bookkeeping is on the CPU, the model may not be)."""
+        if self.count.device != device:
+            self.count = self.count.to(device)
+        return self.count
+
     def keep(self, index: torch.Tensor) -> None:
         self.count = self.count[index]
         if self.previous is not None:
@@ -111,6 +117,7 @@ class PatienceRule(_CountingRule):
 
     def decide(self, position: int, representation: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         current = logits[:, 0].float() if self.regression else logits.argmax(-1)
+        self._count_on(logits.device)
         if self.previous is not None:
             same = (current - self.previous).abs() < self.delta if self.regression else current == self.previous
             self.count = torch.where(same, self.count + 1, torch.zeros_like(self.count))
@@ -138,7 +145,8 @@ class PCEERule(_CountingRule):
     def decide(self, position: int, representation: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         normalised = entropy_nats(logits) / math.log(logits.shape[-1])
         confident = normalised < self.threshold
-        self.count = torch.where(confident, self.count + 1, torch.zeros_like(self.count))
+        count = self._count_on(logits.device)
+        self.count = torch.where(confident, count + 1, torch.zeros_like(count))
         return self.count >= self.patience
 
     def params(self) -> dict[str, float]:
@@ -155,6 +163,8 @@ class LearnedExitRule(ExitRule):
         self.head = head.eval()
 
     def decide(self, position: int, representation: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        if self.head.linear.weight.device != representation.device:
+            self.head.to(representation.device)
         return self.head(representation) < self.threshold
 
 
@@ -167,7 +177,29 @@ class StaticRule(ExitRule):
         super().__init__(float("nan"))
 
     def decide(self, position: int, representation: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(logits.shape[0], dtype=torch.bool)
+        return torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+
+
+# The meaningful range of each rule's threshold (checked before anything runs).
+THRESHOLD_RANGES = {
+    "entropy": (0.0, math.inf, "an entropy in nats, >= 0"),
+    "maxprob": (0.0, 1.0, "a probability within [0, 1]"),
+    "patience": (0.0, math.inf, "a whole number of exits >= 0"),
+    "pcee": (0.0, 1.0, "a normalised entropy H / ln K within [0, 1]"),
+    "lte": (0.0, math.inf, "a predicted error >= 0"),
+}
+
+
+def threshold_problem(strategy: str, threshold: float) -> str | None:
+    """Why `threshold` is outside the range of `strategy`'s threshold, or None."""
+    if strategy not in THRESHOLD_RANGES:
+        return None
+    lo, hi, what = THRESHOLD_RANGES[strategy]
+    value = float(threshold)
+    bad = math.isnan(value) or not lo <= value <= hi  # +inf is allowed where the range is open (always fires)
+    if strategy == "patience" and not bad:
+        bad = value != int(value)
+    return f"{strategy} threshold {threshold:g}: must be {what}" if bad else None
 
 
 def check_strategy(strategy: str, num_labels: int) -> None:
@@ -189,6 +221,9 @@ def make_rule(
 ) -> ExitRule:
     """An exit rule by name; for `patience` the threshold is k. Rejects rules that do not apply to regression."""
     check_strategy(strategy, num_labels)
+    problem = threshold_problem(strategy, threshold)
+    if problem:
+        raise ConfigError(problem)
     if strategy == "entropy":
         return EntropyRule(threshold)
     if strategy == "maxprob":

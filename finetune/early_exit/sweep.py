@@ -8,6 +8,7 @@ split; `write_samples` keeps a per-sample TSV of each point.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from ..data import Batch, EncodedSplit
 from ..tasks import TaskSpec
 from .engine import EarlyExitResult, exit_histogram, per_sample_flops, run_dataset, run_full_model, static_flops
 from .lte import LearnedExitHead
-from .rules import CLASSIFICATION_ONLY, STRATEGIES, ExitRule, Strategy, default_sweep, make_rule
+from .rules import CLASSIFICATION_ONLY, STRATEGIES, ExitRule, Strategy, default_sweep, make_rule, threshold_problem
 
 RESULT_KIND = "elasticbert-early-exit"
 RESULT_FORMAT = f"{RESULT_KIND}/1"
@@ -49,9 +50,16 @@ class SweepConfig:
     samples_dir: Path | None = None  # per-sample TSVs of every operating point go here
 
     def validate(self) -> SweepConfig:
+        """Every problem with the strategies, thresholds and numeric options, at once."""
         problems = [p for s in self.strategies if (p := choice_problem("--strategy", s, STRATEGIES))]
         if self.batch_size < 1 or self.repeats < 1:
             problems.append(f"--batch-size and --repeats must be >= 1, got {self.batch_size} and {self.repeats}")
+        if self.patience < 0:
+            problems.append(f"--patience (PCEE's consecutive confident exits) must be >= 0, got {self.patience}")
+        if not (self.delta >= 0 and math.isfinite(self.delta)):
+            problems.append(f"--delta must be >= 0, got {self.delta}")
+        for name, thresholds in self.thresholds.items():
+            problems += [p for tau in thresholds if (p := threshold_problem(name, tau))]
         if problems:
             raise ConfigError(problems)
         return self
@@ -61,9 +69,12 @@ def parse_thresholds(text: str | None) -> list[float] | None:
     if not text:
         return None
     try:
-        return [float(t) for t in text.split(",") if t.strip()]
+        values = [float(t) for t in text.split(",") if t.strip()]
     except ValueError:
         raise ConfigError(f"--sweep takes comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise ConfigError(f"--sweep {text!r}: no thresholds given")
+    return values
 
 
 def resolve_strategies(text: str, num_labels: int) -> list[str]:

@@ -17,8 +17,13 @@ ROWS = {"train": 49, "dev": 17, "test": 9}  # header + rows
 
 @pytest.fixture(scope="module")
 def saved_model(classifier, tmp_path_factory):
+    """The spread random heads stand in for fine-tuned ones: the checkpoint records them as trained, as
+    `finetune train` does (a classifier saved with no such record is refused as never fine-tuned)."""
     directory = tmp_path_factory.mktemp("model")
     classifier.save_pretrained(directory)
+    config = json.loads((directory / "config.json").read_text())
+    config.update(finetuning_task="SST-2", trained_exits=list(classifier.exit_layers))
+    (directory / "config.json").write_text(json.dumps(config))
     for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(minilm_dir() / name, directory / name)
     return directory
@@ -91,15 +96,20 @@ def test_early_exit_then_elue_score_and_submission(saved_model, small_glue, tmp_
     point_dirs = sorted(p.name for p in sub_dir.iterdir())
     assert point_dirs == ["patience_0", "patience_5"]
     files = sorted(p.name for p in (sub_dir / "patience_0").iterdir())
-    assert files == ["SST-2.tsv", "SST-2_exit_layer.tsv", "SST-2_modules.tsv", "submission.json"]
+    assert files == ["SST-2.tsv", "SST-2_exit_layer.tsv", "SST-2_modules.tsv", "model.py", "submission.json"]
     predictions = (sub_dir / "patience_0" / "SST-2.tsv").read_text().splitlines()
     assert predictions[0] == "index\tprediction" and len(predictions) == ROWS["test"]
     assert all(line.split("\t")[1] in ("0", "1") for line in predictions[1:])
-    exits = (sub_dir / "patience_0" / "SST-2_exit_layer.tsv").read_text().splitlines()[1:]
-    assert {line.split("\t")[1] for line in exits} == {"1"}  # patience 0 exits at the first exit
+    exits = (sub_dir / "patience_0" / "SST-2_exit_layer.tsv").read_text().splitlines()
+    assert exits[0] == "index\texit_layer\tlength\tflops"
+    assert {line.split("\t")[1] for line in exits[1:]} == {"1"}  # patience 0 exits at the first exit
+    lengths = {line.split("\t")[0]: line.split("\t")[2] for line in exits[1:]}
     modules = (sub_dir / "patience_0" / "SST-2_modules.tsv").read_text().splitlines()
-    assert modules[0] == "index\texit_layer\tlength\tflops\tmodules"
-    assert all(line.split("\t")[4] == "embeddings,layer1,exit1" for line in modules[1:])
+    assert modules[0] == "index\tmodules" and len(modules) == ROWS["test"]
+    for line in modules[1:]:  # ELUE's trace: (L),emb; (L,H),layer_1; (H),exit_1 with the sample's real length
+        index, trace = line.split("\t")
+        length = lengths[index]
+        assert trace == f"({length}),emb; ({length},384),layer_1; (384),exit_1"
     meta = json.loads((sub_dir / "patience_5" / "submission.json").read_text())["SST-2"]
     assert meta["strategy"] == "patience" and meta["test_exit_histogram"]["6"] == ROWS["test"] - 1
     assert meta["split"] == "test" and meta["num_samples"] == ROWS["test"] - 1

@@ -1,12 +1,15 @@
 """ELUE score against a hand-computed table; file loading; submission files."""
 
+import importlib.util
 import json
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from finetune.elue import BaselineCurve, elue_score, load_baseline, load_curves, task_score
-from finetune.submission import module_trace, write_submission
-from finetune.tasks import get_task
+from finetune.submission import activation_trace, parse_activation_trace, write_submission
+from finetune.tasks import DataError, get_task
 
 # Baseline per-exit points (FLOPs, score). Task B is given unsorted on purpose.
 BASELINE = {
@@ -45,7 +48,10 @@ def test_out_of_range_error_and_single_point_curve():
     flat = BaselineCurve.from_points([(5.0, 60.0)])
     assert flat.value(1.0, "extrapolate") == (60.0, "below")
     assert flat.value(9.0, "clamp") == (60.0, "above")
-    assert task_score([(1.0, 50.0), (1.0, 54.0), (3.0, 60.0)], [(2.0, 60.0)])["score"] == pytest.approx(4.0)
+    # duplicate FLOPs: the same score counts once; two different scores are refused, not averaged
+    assert task_score([(1.0, 50.0), (1.0, 50.0), (3.0, 60.0)], [(2.0, 60.0)])["score"] == pytest.approx(5.0)
+    with pytest.raises(DataError, match="two scores"):
+        task_score([(1.0, 50.0), (1.0, 54.0), (3.0, 60.0)], [(2.0, 60.0)])
 
 
 def test_task_names_match_across_spellings():
@@ -76,18 +82,80 @@ def test_load_json_csv_and_early_exit_results(tmp_path):
     assert elue_score(load_baseline([tmp_path / "run.json"]), points["entropy"])["score"] == pytest.approx(1.0)
 
 
-def test_module_trace():
-    assert module_trace((1, 3), 3) == "embeddings,layer1,exit1,layer2,layer3,exit3"
-
-
-def test_write_submission_files(tmp_path):
-    task = get_task("STS-B")
-    paths = write_submission(
-        tmp_path, task, [0, 1], [1.23456, 4.0], [2, 6], [9, 14], [1e6, 2e6], [(1, 2), (1, 2, 3, 4, 5, 6)], {"a": 1}
+def test_activation_trace_in_the_elue_papers_form():
+    # the paper's example: a 10-token sample, hidden 768, through the embeddings, layer 1 and exit 1
+    assert activation_trace((1,), 1, 10, 768) == "(10),emb; (10,768),layer_1; (768),exit_1"
+    # exits only where the rule looked (exit 2 not run); an MHA exit reads the whole sequence
+    assert activation_trace((1, 3), 3, 7, 64, "mha") == (
+        "(7),emb; (7,64),layer_1; (7,64),exit_1; (7,64),layer_2; (7,64),layer_3; (7,64),exit_3"
     )
-    assert [p.name for p in paths] == ["STS-B.tsv", "STS-B_exit_layer.tsv", "STS-B_modules.tsv", "submission.json"]
+    assert parse_activation_trace("(10),emb; (10,768),layer_1; (768),exit_1") == [
+        ((10,), "emb"),
+        ((10, 768), "layer_1"),
+        ((768,), "exit_1"),
+    ]
+    with pytest.raises(DataError, match="not an activation trace"):
+        parse_activation_trace("emb; layer_1")
+
+
+TINY_CONFIG = SimpleNamespace(
+    vocab_size=50,
+    hidden_size=16,
+    num_hidden_layers=6,
+    num_attention_heads=4,
+    intermediate_size=32,
+    max_position_embeddings=32,
+    type_vocab_size=2,
+    layer_norm_eps=1e-12,
+    num_labels=1,
+    exit_layers=[1, 2, 3, 4, 5, 6],
+    exit_type="linear",
+    exit_mha_dim=8,
+    exit_mha_heads=2,
+)
+
+
+@pytest.mark.parametrize("exit_type", ["linear", "mha"])
+def test_write_submission_files(tmp_path, exit_type):
+    """A hand-made example: two STS-B test samples (9 and 14 tokens) leaving at exits 2 and 6."""
+    task = get_task("STS-B")
+    config = SimpleNamespace(**{**vars(TINY_CONFIG), "exit_type": exit_type})
+    paths = write_submission(
+        tmp_path,
+        task,
+        [0, 1],
+        [1.23456, 4.0],
+        [2, 6],
+        [9, 14],
+        [1e6, 2e6],
+        [(1, 2), (1, 2, 3, 4, 5, 6)],
+        {"a": 1},
+        config,
+    )
+    names = ["STS-B.tsv", "STS-B_modules.tsv", "STS-B_exit_layer.tsv", "model.py", "submission.json"]
+    assert [p.name for p in paths] == names
     assert (tmp_path / "STS-B.tsv").read_text() == "index\tprediction\n0\t1.235\n1\t4.000\n"
-    assert (tmp_path / "STS-B_exit_layer.tsv").read_text() == "index\texit_layer\n0\t2\n1\t6\n"
+    assert (tmp_path / "STS-B_exit_layer.tsv").read_text() == (
+        "index\texit_layer\tlength\tflops\n0\t2\t9\t1000000\n1\t6\t14\t2000000\n"
+    )
     rows = (tmp_path / "STS-B_modules.tsv").read_text().splitlines()
-    assert rows[1] == "0\t2\t9\t1000000\tembeddings,layer1,exit1,layer2,exit2"
+    exit_in = "(9,16)" if exit_type == "mha" else "(16)"
+    assert rows[:2] == [
+        "index\tmodules",
+        f"0\t(9),emb; (9,16),layer_1; {exit_in},exit_1; (9,16),layer_2; {exit_in},exit_2",
+    ]
+    assert rows[2].count("layer_") == 6 and rows[2].count("exit_") == 6
     assert json.loads((tmp_path / "submission.json").read_text()) == {"STS-B": {"a": 1}}
+
+    # model.py runs on its own (torch only) and every traced module accepts its traced input shape
+    spec = importlib.util.spec_from_file_location("submitted_model", tmp_path / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.CONFIG["exit_type"] == exit_type and module.CONFIG["hidden_size"] == 16
+    modules = module.build()
+    for row in rows[1:]:
+        for shape, name in parse_activation_trace(row.split("\t")[1]):
+            dtype = torch.long if name == "emb" else torch.float32
+            out = modules[name](torch.zeros((1, *shape), dtype=dtype))
+            expected = (1, 1) if name.startswith("exit_") else (1, shape[0], 16)
+            assert tuple(out.shape) == expected, name

@@ -1,6 +1,7 @@
 """Batched early exit against batch size 1, and the thresholds that never / always fire."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -12,12 +13,13 @@ from finetune.early_exit import (
     run_batch,
     run_dataset,
 )
+from finetune.model import exit_logits
 
 
 def _exit_outputs(model, split):
     with torch.no_grad():
         out = model(split.input_ids, attention_mask=split.attention_mask, token_type_ids=split.token_type_ids)
-    return torch.stack(out.representations, 1), torch.stack(out.logits, 1)  # [N, E, d], [N, E, K]
+    return torch.stack(out.representations, 1), torch.stack(exit_logits(out), 1)  # [N, E, d], [N, E, K]
 
 
 def _gap_threshold(values):
@@ -110,8 +112,10 @@ def test_unsorted_batches_give_the_same_result(classifier, sst2_dev):
     assert torch.equal(a.exit_layers, b.exit_layers) and torch.equal(a.predictions, b.predictions)
 
 
-NEVER = {"entropy": 0.0, "maxprob": 1.5, "patience": 6, "pcee": 0.0, "lte": 0.0}
-ALWAYS = {"entropy": math.inf, "maxprob": 0.0, "patience": 0, "pcee": math.inf, "lte": 2.0}
+# Extremes inside each threshold's range (out-of-range thresholds are refused): a softmax never reaches 1.0 here, and
+# the normalised entropy H / ln K stays below 1 unless the distribution is exactly uniform.
+NEVER = {"entropy": 0.0, "maxprob": 1.0, "patience": 6, "pcee": 0.0, "lte": 0.0}
+ALWAYS = {"entropy": math.inf, "maxprob": 0.0, "patience": 0, "pcee": 1.0, "lte": 2.0}
 
 
 @pytest.mark.parametrize("strategy", list(NEVER))
@@ -120,7 +124,7 @@ def test_never_and_always_fire(strategy, classifier, sst2_dev):
     kwargs = dict(patience=1 if strategy == "pcee" else 2, lte_head=head)
     ids, mask, types = sst2_dev.input_ids[:16], sst2_dev.attention_mask[:16], sst2_dev.token_type_ids[:16]
     with torch.no_grad():
-        full = classifier(ids, attention_mask=mask, token_type_ids=types).logits
+        full = exit_logits(classifier(ids, attention_mask=mask, token_type_ids=types))
 
     never = run_batch(classifier, ids, mask, types, make_rule(strategy, NEVER[strategy], 2, **kwargs))
     assert never.exit_layers.eq(6).all() and never.exits_evaluated.eq(6).all()
@@ -134,7 +138,7 @@ def test_never_and_always_fire(strategy, classifier, sst2_dev):
 def test_exit_subset_and_static_truncation(classifier, sst2_dev):
     ids, mask, types = sst2_dev.input_ids, sst2_dev.attention_mask, sst2_dev.token_type_ids
     with torch.no_grad():
-        static3 = classifier(ids, attention_mask=mask, token_type_ids=types, exit_layers=[3]).logits[0]
+        static3 = exit_logits(classifier(ids, attention_mask=mask, token_type_ids=types, exit_layers=[3]))[0]
     out = run_batch(classifier, ids, mask, types, make_rule("entropy", 0.0, 2), exit_layers=[3])
     assert out.exit_layers.eq(3).all() and out.trace(0) == (3,)
     torch.testing.assert_close(out.logits, static3, atol=1e-5, rtol=0)
@@ -159,8 +163,19 @@ def test_rule_validation():
         make_rule("entropy", 0.1, 1)
     with pytest.raises(ValueError, match="LearnedExitHead"):
         make_rule("lte", 0.1, 2)
-    with pytest.raises(ValueError, match="whole numbers"):
+    with pytest.raises(ValueError, match="whole number"):
         make_rule("patience", 1.5, 2)
+    # thresholds outside their range are refused, not run
+    for strategy, threshold, range_text in [
+        ("entropy", -0.1, "entropy in nats, >= 0"),
+        ("maxprob", 1.5, "probability within [0, 1]"),
+        ("maxprob", -0.01, "probability within [0, 1]"),
+        ("patience", -1, "whole number of exits >= 0"),
+        ("pcee", 1.2, "normalised entropy H / ln K within [0, 1]"),
+        ("entropy", math.nan, "entropy in nats"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(range_text)):
+            make_rule(strategy, threshold, 2)
     with pytest.raises(ValueError, match="unknown strategy"):
         make_rule("magic", 0.1, 2)
 

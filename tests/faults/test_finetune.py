@@ -1,0 +1,436 @@
+"""Fault injection for finetune, as a user meets faults: corrupt, missing and malformed inputs to every command, a
+finished or running run as --output, a kill -9 while best/ is written, out-of-range options, exits never trained.
+
+What must hold: a bad input is `finetune: error: ...` naming the file (and line or key), exit 2, never a traceback
+(`main` would raise); a finished run is never replaced without --overwrite, a running one never; after a kill there
+is no best/ that looks complete, and rerunning the command starts over and finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from faults import flip_bytes, small_tmpfs, truncate
+from requirements import GLUE, require_data
+
+from elasticbert import ElasticBertForSequenceClassification, load_pretrained, minilm_dir
+from finetune.__main__ import main
+
+ROWS = {"train": 17, "dev": 13, "test": 9}  # header + rows of a small SST-2 copy
+
+
+@pytest.fixture(scope="module")
+def glue(tmp_path_factory) -> Path:
+    require_data(GLUE / "SST-2")
+    root = tmp_path_factory.mktemp("glue")
+    (root / "SST-2").mkdir()
+    for split, n in ROWS.items():
+        lines = (GLUE / "SST-2" / f"{split}.tsv").read_text(encoding="utf-8").splitlines()[:n]
+        (root / "SST-2" / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+def train_argv(glue: Path, out: Path, *extra: str, model: Path | None = None) -> list[str]:
+    """A run of seconds: one layer of MiniLM, one step, a few rows."""
+    return [
+        "train",
+        "--model",
+        str(model or minilm_dir()),
+        "--task",
+        "SST-2",
+        "--data-dir",
+        str(glue),
+        "--output",
+        str(out),
+        "--layers",
+        "1",
+        "--max-steps",
+        "1",
+        "--batch-size",
+        "4",
+        "--max-length",
+        "32",
+        "--no-progress",
+        *extra,
+    ]
+
+
+def error_of(capsys, argv: list[str]) -> str:
+    """Run a command that must fail as a user error: exit 2 and a one-paragraph message (no traceback)."""
+    capsys.readouterr()
+    assert main(argv) == 2, argv
+    err = capsys.readouterr().err
+    assert "finetune: error: " in err and "Traceback" not in err, err
+    return err[err.index("finetune: error: ") :]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, glue) -> Path:
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert main(train_argv(glue, out)) == 0
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the run directory
+
+
+def test_a_finished_run_is_refused_unless_overwrite(tmp_path, capsys, glue, finished):
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    before = (run / "best" / "model.safetensors").read_bytes()
+    err = error_of(capsys, train_argv(glue, run, "--seed", "7"))
+    assert f"--output {run}: holds a finished run" in err and "--overwrite" in err
+    assert (run / "best" / "model.safetensors").read_bytes() == before  # untouched
+    assert json.loads((run / "run_config.json").read_text())["seed"] == 42
+    assert main(train_argv(glue, run, "--seed", "7", "--overwrite")) == 0
+    assert "replacing the finished run" in capsys.readouterr().err
+    assert json.loads((run / "run_config.json").read_text())["seed"] == 7
+    assert len(list((run / "tensorboard").glob("events.*"))) == 1  # the old run's events went with it
+
+
+def test_a_running_run_is_refused_and_a_killed_one_does_not_stay_locked(tmp_path, capsys, glue):
+    run = tmp_path / "run"
+    run.mkdir()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from finetune.run_dir import RunLock; lock = RunLock({str(run)!r}).acquire(); "
+            "print('held', flush=True); import time; time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for extra in ([], ["--overwrite"]):  # --overwrite never replaces a running run
+            err = error_of(capsys, train_argv(glue, run, *extra))
+            assert "another `finetune train` is writing this run (pid" in err
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert main(train_argv(glue, run)) == 0  # the kernel released the dead holder's lock
+    assert (run / "best").is_dir()
+
+
+KILL_WHILE_SAVING = textwrap.dedent(
+    """
+    import os, signal, sys
+    from transformers import BertTokenizer
+
+    def killed(self, *args, **kwargs):  # the model's weights are already in the temporary best/
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    BertTokenizer.save_pretrained = killed
+    from finetune.__main__ import main
+    sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+def test_kill_while_best_is_written_leaves_no_best_and_a_rerun_finishes(tmp_path, capsys, glue):
+    run = tmp_path / "run"
+    argv = train_argv(glue, run)
+    killed = subprocess.run([sys.executable, "-c", KILL_WHILE_SAVING, *argv], cwd=tmp_path, capture_output=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()[-2000:]
+    half = list(run.glob(".best.tmp*"))
+    assert half and (half[0] / "model.safetensors").is_file()  # it was killed mid-write ...
+    assert not (run / "best").exists() and not (run / "dev_scores.json").exists()  # ... and nothing looks complete
+    err = error_of(
+        capsys, ["evaluate", "--model", str(run / "best"), "--data-dir", str(glue), "--output", str(tmp_path / "eval")]
+    )
+    assert str(run / "best") in err
+    assert main(argv) == 0  # an interrupted attempt is started over, with a note
+    assert "interrupted before it wrote best/; starting over" in capsys.readouterr().err
+    assert (run / "best" / "tokenizer.json").is_file() and not list(run.glob(".best.tmp*"))
+
+
+def test_disk_full_while_best_is_written(tmp_path, capsys, glue):
+    """A full disk at the end of training: exit 4 (write failed), the message names the run, no best/ or temporary
+    is left, and the run is not mistaken for a finished one."""
+    with small_tmpfs(tmp_path / "small", "8m") as small:  # run_config and events fit; a 50 MB model does not
+        run = small / "run"
+        capsys.readouterr()
+        assert main(train_argv(glue, run)) == 4
+        err = capsys.readouterr().err
+        assert f"finetune: error: {run}: cannot write the run's results" in err and "Traceback" not in err
+        assert not (run / "best").exists() and not list(run.glob(".best.tmp*"))
+        assert not (run / "dev_scores.json").exists()
+
+
+def test_output_that_is_a_file(tmp_path, capsys, glue):
+    (tmp_path / "file").write_text("x")
+    assert "is a file, not a directory" in error_of(capsys, train_argv(glue, tmp_path / "file"))
+
+
+# ---------------------------------------------------------------------------------------------------- bad options
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--lr", "0"], "--lr must be > 0, got 0.0"),
+        (["--epochs", "-1"], "--epochs must be > 0, got -1.0"),
+        (["--exit-lr=-1e-3"], "--exit-lr must be > 0"),
+        (["--dropout", "1.5"], "--dropout must be within [0, 1)"),
+        (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+        (["--early-stopping-patience", "0"], "--early-stopping-patience must be >= 1"),
+        (["--max-train-examples", "0"], "--max-train-examples must be >= 1"),
+        (["--weight-decay", "-0.1"], "--weight-decay must be >= 0"),
+        (["--lambda", "nan"], "--lambda must be a number within [0, 1], got nan"),
+        (["--max-length", "600"], "embeds at most 512 positions"),  # MiniLM: 512; it used to crash mid-training
+        (["--recipe", "elasticbert-statc"], "did you mean 'elasticbert-static'"),
+    ],
+)
+def test_train_options_out_of_range_are_refused_up_front(tmp_path, capsys, glue, extra, message):
+    assert message in error_of(capsys, train_argv(glue, tmp_path / "run", *extra))
+    assert not (tmp_path / "run").exists()  # refused before the run directory was made
+
+
+def test_early_exit_options_out_of_range(tmp_path, capsys, glue, finished):
+    base = [
+        "early-exit",
+        "--model",
+        str(finished / "best"),
+        "--task",
+        "SST-2",
+        "--data-dir",
+        str(glue),
+        "--output",
+        str(tmp_path / "ee"),
+    ]
+    cases = [
+        (["--strategy", "entropy", "--sweep", "-0.1"], "entropy threshold -0.1: must be an entropy in nats, >= 0"),
+        (["--strategy", "maxprob", "--sweep", "0.5,1.5"], "maxprob threshold 1.5: must be a probability within"),
+        (["--strategy", "patience", "--sweep", "1.5"], "patience threshold 1.5: must be a whole number"),
+        (["--strategy", "pcee", "--patience", "-1"], "--patience (PCEE's consecutive confident exits) must be >= 0"),
+        (["--strategy", "entropy", "--max-length", "0"], "--max-length must be >= 1"),
+        (["--strategy", "entropy", "--max-length", "4096"], "embeds 1..512 positions"),
+        (["--strategy", "entropy", "--batch-size", "0"], "--batch-size and --repeats must be >= 1"),
+        (["--strategy", "entropy", "--sweep", "a,b"], "--sweep takes comma-separated numbers"),
+        (["--strategy", "entropie"], "unknown strategy 'entropie'"),
+    ]
+    for extra, message in cases:
+        assert message in error_of(capsys, base + extra), extra
+    assert "--batch-size must be >= 1" in error_of(
+        capsys, ["evaluate", "--model", str(finished / "best"), "--output", str(tmp_path / "e"), "--batch-size", "0"]
+    )
+
+
+# ------------------------------------------------------------------------------------------- exits never trained
+
+
+def test_exits_that_were_never_trained_are_named(tmp_path, capsys, glue, finished):
+    # a classifier built from MiniLM and saved without fine-tuning: random heads, no record of training
+    fresh = tmp_path / "fresh"
+    model, _ = load_pretrained(
+        ElasticBertForSequenceClassification, minilm_dir(), num_hidden_layers=2, exit_layers=[1, 2]
+    )
+    model.save_pretrained(fresh)
+    for name in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(minilm_dir() / name, fresh / name)
+    ee = ["--task", "SST-2", "--data-dir", str(glue), "--output", str(tmp_path / "ee"), "--strategy", "entropy"]
+    err = error_of(capsys, ["early-exit", "--model", str(fresh), *ee])
+    assert "exits [1, 2] were never trained" in err and "no trained_exits or finetuning_task" in err
+    assert "never trained" in error_of(
+        capsys, ["evaluate", "--model", str(fresh), "--task", "SST-2", "--output", str(tmp_path / "e")]
+    )
+
+    # a fine-tuned run whose checkpoint says only exit 2 was trained: evaluate scores both and says so
+    partial = tmp_path / "partial"
+    model, _ = load_pretrained(
+        ElasticBertForSequenceClassification, minilm_dir(), num_hidden_layers=2, exit_layers=[1, 2]
+    )
+    model.config.trained_exits = [2]
+    model.config.finetuning_task = "SST-2"
+    model.save_pretrained(partial)
+    shutil.copy(finished / "best" / "tokenizer.json", partial)
+    shutil.copy(finished / "best" / "tokenizer_config.json", partial)
+    out = tmp_path / "eval"
+    capsys.readouterr()
+    argv = [
+        "evaluate",
+        "--model",
+        str(partial),
+        "--data-dir",
+        str(glue),
+        "--output",
+        str(out),
+        "--no-test",
+        "--max-length",
+        "32",
+    ]
+    assert main(argv) == 0
+    warning = capsys.readouterr().err
+    assert "finetune: warning: " in warning and "exits [1] were never trained" in warning
+    assert "records trained exits [2] only" in warning
+    assert json.loads((out / "dev_scores.json").read_text())["untrained_exits"] == [1]
+    assert "exits [1] were never trained" in error_of(capsys, ["early-exit", "--model", str(partial), *ee])
+
+
+# ---------------------------------------------------------------------------------- corrupt and malformed inputs
+
+
+def test_elue_score_validates_its_inputs(tmp_path, capsys):
+    good = tmp_path / "points.json"
+    good.write_text(json.dumps({"tasks": {"SST-2": [[1e9, 80.0]]}}))
+    base = tmp_path / "base.json"
+    base.write_text(
+        json.dumps({"name": "ElasticBERT-base", "source": "my table", "tasks": {"SST-2": [[5e8, 70.0], [2e9, 85.0]]}})
+    )
+
+    def err(baseline, points=good):
+        return error_of(capsys, ["elue-score", "--baseline", str(baseline), "--points", str(points)])
+
+    assert f"{tmp_path / 'nope.json'}: no such file" in err(tmp_path / "nope.json")
+    (tmp_path / "neg.json").write_text(json.dumps({"tasks": {"SST-2": [[-150, 80.0]]}}))
+    assert "neg.json: tasks.SST-2[0]: FLOPs must be a finite number > 0, got -150" in err(base, tmp_path / "neg.json")
+    (tmp_path / "big.json").write_text(json.dumps({"tasks": {"SST-2": [{"flops": 1e9, "score": 8400}]}}))
+    big = err(base, tmp_path / "big.json")
+    assert "big.json: tasks.SST-2[0]: score must be a percentage within [-100, 100]" in big and "got 8400" in big
+    (tmp_path / "dup.csv").write_text("task,flops,score\nSST-2,1e9,80\nSST-2,1e9,82\n")
+    assert "two scores (80 and 82) at FLOPs 1e+09" in err(tmp_path / "dup.csv")
+    (tmp_path / "broken.json").write_text('{"tasks": {"SST-2": [[1e9, 80.0]\n')
+    assert "broken.json:2:1: not valid JSON" in err(tmp_path / "broken.json")
+    (tmp_path / "bad.csv").write_text("task,flops,score\nSST-2,1e9,80\nSST-2,lots,81\n")
+    assert "bad.csv:3 flops: expected a number, got 'lots'" in err(tmp_path / "bad.csv")
+    (tmp_path / "short.csv").write_text("task,flops,score\nSST-2,1e9\n")
+    assert "short.csv:2: expected 3 columns" in err(tmp_path / "short.csv")
+    (tmp_path / "header.csv").write_text("task,FLOPS,accuracy\nSST-2,1e9,80\n")
+    assert "header.csv:1: CSV header lacks ['flops', 'score']" in err(tmp_path / "header.csv")
+    (tmp_path / "row.json").write_text(json.dumps({"tasks": {"SST-2": [{"flops": 1e9}]}}))
+    assert "row.json: tasks.SST-2[0]: point {'flops': 1000000000.0} lacks" in err(tmp_path / "row.json")
+    (tmp_path / "ee.json").write_text(json.dumps({"format": "elasticbert-early-exit/1", "task": "SST-2"}))
+    assert "ee.json: early-exit result lacks the key 'static'" in err(tmp_path / "ee.json")
+    (tmp_path / "latin1.csv").write_bytes("task,flops,score\nSST-2,1e9,80\xe9\n".encode("latin-1"))
+    assert "latin1.csv: not UTF-8 text" in err(tmp_path / "latin1.csv")
+
+    # the good case names its baseline in every printed score and in the JSON
+    capsys.readouterr()
+    report = tmp_path / "report.json"
+    assert main(["elue-score", "--baseline", str(base), "--points", str(good), "--output", str(report)]) == 0
+    printed = capsys.readouterr().out
+    lines = printed.splitlines()  # 80 against 70 + 15 * (0.5e9 / 1.5e9) = 75 interpolated: +5
+    assert lines[0] == "system points: ELUE score +5.00 vs baseline 'ElasticBERT-base' (out-of-range: clamp)"
+    assert lines[1] == "  baseline: ElasticBERT-base [points file] - source: my table"
+    assert lines[2].split() == [
+        "SST-2",
+        "+5.00",
+        "vs",
+        "baseline",
+        "'ElasticBERT-base'",
+        "(1",
+        "points,",
+        "0",
+        "dropped)",
+    ]
+    assert json.loads(report.read_text())["points"]["baseline"]["source"] == "my table"
+
+
+def test_corrupt_files_of_the_other_commands(tmp_path, capsys, glue, finished):
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    # plot-angles on malformed diagnostics
+    (run / "acl_diagnostics.json").write_text('{"records": [')
+    assert "acl_diagnostics.json:1:14: not valid JSON" in error_of(capsys, ["plot-angles", str(run)])
+    (run / "acl_diagnostics.json").write_text('{"threshold": 90}')
+    assert "not an ACL diagnostics file" in error_of(capsys, ["plot-angles", str(run)])
+    # submission on malformed / foreign results
+    (tmp_path / "r.json").write_text("{oops")
+    assert "r.json:1:2: not valid JSON" in error_of(
+        capsys, ["submission", "--results", str(tmp_path / "r.json"), "--output", str(tmp_path / "s")]
+    )
+    assert "no such file" in error_of(
+        capsys, ["submission", "--results", str(tmp_path / "missing.json"), "--output", str(tmp_path / "s")]
+    )
+    # a model whose config.json is not JSON, or whose weights are truncated / bit-flipped
+    broken = tmp_path / "broken"
+    shutil.copytree(run / "best", broken)
+    (broken / "config.json").write_text("{not json")
+    assert "config.json" in error_of(capsys, train_argv(glue, tmp_path / "o1", model=broken))
+    shutil.copy(run / "best" / "config.json", broken / "config.json")
+    truncate(broken / "model.safetensors", 0.5)
+    assert "model.safetensors" in error_of(capsys, train_argv(glue, tmp_path / "o2", model=broken))
+    # a tokenizer directory without tokenizer files; a broken tokenizer_config.json
+    notok = tmp_path / "notok"
+    shutil.copytree(run / "best", notok)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (notok / name).unlink(missing_ok=True)
+    assert "no tokenizer files" in error_of(capsys, train_argv(glue, tmp_path / "o3", model=notok))
+    shutil.copy(minilm_dir() / "vocab.txt", notok)
+    (notok / "tokenizer_config.json").write_text("{")
+    assert "tokenizer_config.json: not valid JSON" in error_of(capsys, train_argv(glue, tmp_path / "o4", model=notok))
+    # an early-exit LTE head that is not a safetensors file; an earlier result that is not JSON
+    ee = [
+        "early-exit",
+        "--model",
+        str(run / "best"),
+        "--task",
+        "SST-2",
+        "--data-dir",
+        str(glue),
+        "--output",
+        str(tmp_path / "ee"),
+        "--max-length",
+        "32",
+    ]
+    head = tmp_path / "head.safetensors"
+    head.write_bytes(b"\x00" * 64)
+    assert "head.safetensors: not a readable LTE head" in error_of(
+        capsys, ee + ["--strategy", "lte", "--lte-head", str(head)]
+    )
+    (tmp_path / "ee").mkdir(exist_ok=True)
+    (tmp_path / "ee" / "early_exit_SST-2_dev_bs32.json").write_text("[1,")
+    assert "earlier result to merge with is not valid JSON" in error_of(
+        capsys, ee + ["--strategy", "entropy", "--sweep", "0.3"]
+    )
+    # a DeepSpeed config that is missing or not JSON (checked before anything loads)
+    assert "--deepspeed" in error_of(capsys, train_argv(glue, tmp_path / "o6", "--deepspeed", str(tmp_path / "x")))
+    (tmp_path / "ds.json").write_text("{")
+    assert "ds.json:1:2: not valid JSON" in error_of(
+        capsys, train_argv(glue, tmp_path / "o7", "--deepspeed", str(tmp_path / "ds.json"))
+    )
+    # a recipe file with a bad value
+    (tmp_path / "r.yaml").write_text("values:\n  warmup: lots\n")
+    assert "r.yaml: values.warmup: expected a number, got 'lots'" in error_of(
+        capsys, train_argv(glue, tmp_path / "o5", "--recipe", str(tmp_path / "r.yaml"))
+    )
+
+
+def test_bit_rot_in_fine_tuned_weights_is_named(tmp_path, capsys, glue, finished):
+    best = tmp_path / "best"
+    shutil.copytree(finished / "best", best)
+    flip_bytes(best / "model.safetensors", offset=0, count=8)  # the header length: unreadable
+    err = error_of(capsys, ["evaluate", "--model", str(best), "--data-dir", str(glue), "--output", str(tmp_path / "e")])
+    assert "model.safetensors" in err
+
+
+def test_interrupt_is_exit_130_without_traceback(tmp_path, glue):
+    """Ctrl-C (SIGINT) during training: exit 130, one line, no best/."""
+    run = tmp_path / "run"
+    argv = train_argv(glue, run, "--max-steps", "100000", "--max-train-examples", "16")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "finetune", *argv],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    deadline = time.time() + 120
+    while not (run / "run_config.json").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "finetune: interrupted" in err
+    assert not (run / "best").exists()
