@@ -5,12 +5,24 @@
 #
 # Functions (all prefixed eb_):
 #   eb_init               cd to EB_ROOT, set up the environment, install the preemption-signal traps. Call it first.
-#   eb_rendezvous         export MASTER_ADDR (first host of the job) and MASTER_PORT (derived from the job id).
+#   eb_rendezvous         export MASTER_ADDR (first host of the job) and MASTER_PORT (derived from the job id); in a
+#                         multi-node job stop at once if MASTER_ADDR does not resolve or resolves to a loopback
+#                         address (the other nodes could never reach it: torch would wait out its timeout).
 #   eb_log_paths DIR      set EB_LOG_DIR (default DIR/logs), create it; append a line per event to
 #                         EB_LOG_DIR/slurm_jobs.tsv (time, job, restart, event, detail).
-#   eb_srun CMD...        srun one task per GPU (the job's --ntasks-per-node) with torch.distributed's env contract:
-#                         RANK=SLURM_PROCID WORLD_SIZE=SLURM_NTASKS LOCAL_RANK=SLURM_LOCALID, LOCAL_WORLD_SIZE,
-#                         NODE_RANK=SLURM_NODEID (+ MASTER_ADDR/MASTER_PORT from eb_rendezvous).
+#   eb_srun CMD...        srun one task per GPU (the job's --ntasks-per-node) on every node of THIS allocation, with
+#                         torch.distributed's env contract: RANK=SLURM_PROCID WORLD_SIZE=SLURM_NTASKS
+#                         LOCAL_RANK=SLURM_LOCALID, LOCAL_WORLD_SIZE, NODE_RANK=SLURM_NODEID (+ MASTER_ADDR/MASTER_PORT
+#                         from eb_rendezvous); each task logs one "[eb-task] rank R/W ... host H" line. A job requeued
+#                         onto fewer nodes keeps the task count of its first run in SLURM_NTASKS (Slurm 22.05): the
+#                         step is then sized SLURM_JOB_NUM_NODES x --ntasks-per-node, and the trainer re-derives its
+#                         layout (and converts the checkpoint) from the new WORLD_SIZE.
+#                         A dead rank: its peers fail within seconds when their next collective finds the connection
+#                         closed (gloo: "Connection closed by peer"); a rank that waits elsewhere (the rendezvous, a
+#                         hung NCCL collective) is killed by srun EB_STEP_WAIT s after the first task ended (srun
+#                         --wait), so a step never outlives a dead rank by more than EB_STEP_WAIT + KillWait.
+#                         (--kill-on-bad-exit stays 0: with it, the first rank to exit 75 after a preemption save gets
+#                         its peers killed, and the step's status would no longer say "saved, requeue me".)
 #   eb_run_preemptible CMD...
 #                         run `eb_srun CMD...` in the background and `wait` for it (so a trapped signal is handled at
 #                         once), forward the preemption signal(s) to the step, and EXIT the batch script:
@@ -35,7 +47,8 @@
 #   EB_MAX_RESTARTS       do not requeue once SLURM_RESTART_COUNT reached this (stops requeue loops) [50]
 #   EB_MASTER_ADDR / EB_MASTER_PORT   override the rendezvous (inherited MASTER_ADDR/PORT are ignored on purpose:
 #                         sbatch exports the submitting shell's environment)
-#   EB_STEP_WAIT          seconds srun waits after the first task ends before killing the rest (srun --wait) [300]
+#   EB_STEP_WAIT          seconds srun waits after the first task ended before killing the rest (srun --wait): the
+#                         longest a dead rank can leave the others waiting [120]
 #   EB_RANK_LOGS          1: each rank writes EB_LOG_DIR/<job name>-<job id>-r<restart>-rank<N>.log instead of the
 #                         job's output file (which then only gets these eb_log lines) [0: srun --label to the job log]
 #   EB_SRUN_ARGS          extra srun options, whitespace-separated (e.g. "--cpu-bind=none")
@@ -95,7 +108,23 @@ eb_rendezvous() {
   # 10000-29999 stays below Linux's ephemeral range (32768+).
   MASTER_PORT=${EB_MASTER_PORT:-$((10000 + SLURM_JOB_ID % 20000))}
   export MASTER_ADDR MASTER_PORT
+  if [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ]; then _eb_check_master_reachable; fi
   eb_log "rendezvous MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
+}
+# The other nodes must reach MASTER_ADDR: a name that does not resolve, or resolves to 127.x / ::1 (a common
+# /etc/hosts line for the node's own name), makes every rank wait for the rendezvous until the timeout.
+_eb_check_master_reachable() {
+  local addr
+  addr=$(getent hosts "$MASTER_ADDR" 2>/dev/null | awk '{print $1; exit}') || true
+  [ -n "$addr" ] || eb_die "MASTER_ADDR=$MASTER_ADDR does not resolve on $(hostname)" \
+    "(set EB_MASTER_ADDR to its address)"
+  case $addr in
+    127.* | ::1)
+      eb_die "MASTER_ADDR=$MASTER_ADDR resolves to the loopback address $addr on $(hostname): the other" \
+        "${SLURM_JOB_NUM_NODES} nodes cannot reach it. Fix /etc/hosts there or set EB_MASTER_ADDR to an address" \
+        "they can reach (and GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME to its interface)"
+      ;;
+  esac
 }
 
 # ---- logs -----------------------------------------------------------------------------------------------------------
@@ -119,8 +148,14 @@ _eb_event() {
 # _eb_srun_cmd CMD... : fill the array EB_SRUN_CMD with the srun command line (so that `"${EB_SRUN_CMD[@]}" &` makes
 # $! the srun process itself: signals sent to $! reach srun, which forwards them to every task)
 _eb_srun_cmd() {
-  local args=(--kill-on-bad-exit=0 --wait="${EB_STEP_WAIT:-300}") extra=()
+  local args=(--kill-on-bad-exit=0 --wait="${EB_STEP_WAIT:-120}") extra=() nodes=${SLURM_JOB_NUM_NODES:-}
+  local tpn=${SLURM_NTASKS_PER_NODE:-}
   read -ra extra <<<"${EB_SRUN_ARGS:-}"
+  if [ -n "$tpn" ] && [ -n "$nodes" ] && [ "${SLURM_NTASKS:-0}" -gt $((nodes * tpn)) ]; then
+    eb_log "SLURM_NTASKS=$SLURM_NTASKS is from an earlier run of this job; this one has $nodes node(s):" \
+      "running $nodes x $tpn tasks"
+    args+=(--nodes="$nodes" --ntasks-per-node="$tpn" --ntasks=$((nodes * tpn)))
+  fi
   if [ "${EB_RANK_LOGS:-0}" = 1 ] && [ -n "$EB_LOG_DIR" ]; then
     local base="$EB_LOG_DIR/${SLURM_JOB_NAME:-job}-${SLURM_JOB_ID:-0}-r${SLURM_RESTART_COUNT:-0}-rank%t.log"
     args+=(--output="$base" --error="$base")
@@ -137,6 +172,8 @@ _eb_srun_cmd() {
     export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID NODE_RANK=$SLURM_NODEID
     t=${SLURM_STEP_TASKS_PER_NODE:-${SLURM_TASKS_PER_NODE:-1}}
     export LOCAL_WORLD_SIZE=${t%%(*}
+    echo "[eb-task] rank $RANK/$WORLD_SIZE local $LOCAL_RANK/$LOCAL_WORLD_SIZE node $NODE_RANK host $(hostname)" \
+      "master $MASTER_ADDR:$MASTER_PORT" >&2
     exec "$@"' eb-task "$@")
 }
 eb_srun() {

@@ -23,6 +23,9 @@
 # id, SLURM_RESTART_COUNT+1) and resumes from RUN_DIR. Exit 0 = all steps done, no requeue. To preempt by hand:
 #   scancel -b -s USR1 JOBID
 # Output: %x-%j.out in the submit directory, appended to across restarts; events in RUN_DIR/logs/slurm_jobs.tsv.
+# Several nodes: MASTER_ADDR is the first node (it must resolve to an address the others reach); a requeued job shrunk
+# to fewer nodes resumes through the universal checkpoint; a dead rank fails the job (resubmit to resume). The
+# details, and how to shrink a waiting job: slurm/README.md, "Multi-node jobs".
 #SBATCH --job-name=eb-pretrain-base
 #SBATCH --nodes=8
 #SBATCH --ntasks-per-node=8

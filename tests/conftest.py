@@ -1,16 +1,20 @@
 """Shared by every test folder.
 
 - `tests/support` (hub cache, fault injection, requirements) is put on sys.path: tests run with
-  --import-mode=importlib.
+  --import-mode=importlib; the venv's bin directory goes first on PATH.
 - The skip policy (tests/support/requirements.py): outside CI, a test whose machine lacks ../shared/data, Slurm or
   a tool skips with a reason tagged [needs-data] / [needs-slurm] / [needs-tool]; inside CI (`CI=true`) such a skip
   fails the session, so a green CI run has run them all.
 """
 
+import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent / "support"))
+# The venv's tools first (its ninja, not Debian's: the two discard each other's build log, so DeepSpeed's CPU ops
+# would be rebuilt whenever a run inside Slurm follows one outside it, or the other way round).
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
 from requirements import ENFORCED_TAGS, in_ci  # noqa: E402
 

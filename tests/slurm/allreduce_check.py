@@ -1,9 +1,11 @@
 """Run under slurm/common.sh's eb_srun: a real torch.distributed gloo all_reduce using the env contract
-(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Writes OUT_DIR/rank<R>.json."""
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). Writes OUT_DIR/rank<R>.json, with the host it ran on
+and the address that host name resolves to there (what gloo binds to)."""
 
 import datetime
 import json
 import os
+import socket
 import sys
 
 import torch
@@ -34,7 +36,19 @@ def main() -> int:
     dist.all_gather_object(gathered, rank)
     dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump({"env": env, "rank": rank, "world": world, "sum": t.item(), "gathered": gathered}, f)
+        host = socket.gethostname()
+        json.dump(
+            {
+                "env": env,
+                "rank": rank,
+                "world": world,
+                "sum": t.item(),
+                "gathered": gathered,
+                "host": host,
+                "host_addr": socket.gethostbyname(host),
+            },
+            f,
+        )
     return 0
 
 

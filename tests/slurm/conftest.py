@@ -1,16 +1,22 @@
-"""A real single-node Slurm cluster for tests marked ``@pytest.mark.slurm`` (see local_cluster.sh).
+"""A real Slurm cluster on this box for tests marked ``@pytest.mark.slurm`` (see local_cluster.sh): the host's own
+node (partition ``debug``, the default) and two compute nodes ebnode1/ebnode2 in their own network and UTS
+namespaces (partition ``multi``: distinct host names and addresses, ranks talk over a veth/bridge network).
 
 The session fixture ``slurm_cluster`` starts the cluster once (installing the Debian packages if missing), and stops
 it at the end only if a pytest session started it and no other pytest session still uses it (a shared flock on
 RUN_DIR/pytest.lock is held while a session uses the cluster). As root, a cluster that cannot be started FAILS the
 tests with the daemons' logs. As another user (a workstation without sudo) the tests skip with a [needs-slurm]
 reason unless a cluster already runs; in CI (`CI=true`) such a skip fails the run (tests/conftest.py).
+
+Also shared here: the tokenised tiny corpus and the single-node reference pre-training run (``tiny_corpus``,
+``reference_run``: session fixtures) that the single- and the multi-node tests compare against (pretrain_runs.py).
 """
 
 import fcntl
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,9 +24,20 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # pretrain_runs.py (the tests run with --import-mode=importlib)
+
+import pretrain_runs  # noqa: E402
+
 CLUSTER_SH = HERE / "local_cluster.sh"
 RUN_DIR = Path(os.environ.get("SLURM_LOCAL_RUN_DIR", "/tmp/elasticbert-slurm"))
 OWNER_MARK = RUN_DIR / "started-by-pytest"
+# DeepSpeed JIT-builds its CPU shm op into TORCH_EXTENSIONS_DIR with whatever `ninja` is first on PATH: in the jobs
+# the venv's (common.sh activates the venv; pip's ninja 1.13), in runs that call .venv/bin/python without activating
+# it Debian's 1.11. Each discards the other's build log ("build log version is too old; starting over") and rebuilds
+# the op (~30 s, minutes on a loaded box) at every job start that follows such a run. The test jobs get their own.
+TORCH_EXTENSIONS = RUN_DIR / "torch_extensions"
+MULTI_PARTITION = "multi"
+MULTI_NODES = ("ebnode1", "ebnode2")
 FINAL_STATES = {
     "COMPLETED",
     "FAILED",
@@ -79,6 +96,7 @@ KNOBS = [
     "PYTHONPATH",
     "STANDIN_MODE",
     "STANDIN_FAIL_INDEX",
+    "TORCH_EXTENSIONS_DIR",
 ]
 
 
@@ -91,7 +109,7 @@ class SlurmCluster:
         inherited from the developer's shell, misleading MASTER_ADDR/PORT (the scripts must derive their own), and
         ``extra`` (str()-ed)."""
         env = {k: v for k, v in os.environ.items() if k not in KNOBS}
-        env.update({"MASTER_ADDR": "bogus", "MASTER_PORT": "1"})
+        env.update({"MASTER_ADDR": "bogus", "MASTER_PORT": "1", "TORCH_EXTENSIONS_DIR": str(TORCH_EXTENSIONS)})
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
@@ -100,6 +118,28 @@ class SlurmCluster:
         r = _sh("sbatch", "--parsable", *map(str, args), env=os.environ if env is None else env, cwd=str(cwd))
         assert r.returncode == 0, f"sbatch {' '.join(map(str, args))} failed:\n{r.stdout}{r.stderr}"
         return r.stdout.strip().split(";")[0]
+
+    @staticmethod
+    def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        """A Slurm client command (scancel, scontrol ...), output captured."""
+        return _sh(*map(str, args), timeout=timeout)
+
+    @staticmethod
+    def node_processes(node: str) -> dict[int, str]:
+        """pid -> command name of every process in NODE's network namespace (its slurmd and what it started)."""
+        r = _sh("ip", "netns", "pids", node)
+        procs = {}
+        for pid in r.stdout.split():
+            try:
+                procs[int(pid)] = Path(f"/proc/{pid}/comm").read_text().strip()
+            except OSError:
+                pass  # gone meanwhile
+        return procs
+
+    def set_node_state(self, node: str, state: str, reason: str = "elasticbert test") -> None:
+        extra = [f"Reason={reason}"] if state.upper() in ("DRAIN", "DOWN") else []
+        r = self.run("scontrol", "update", f"NodeName={node}", f"State={state}", *extra)
+        assert r.returncode == 0, f"scontrol update NodeName={node} State={state}: {r.stderr}"
 
     def jobs(self, job_id: str) -> list[dict]:
         """One dict per job record (an array gives one per task, pending tasks may still be one record)."""
@@ -159,7 +199,8 @@ class SlurmCluster:
                     parts.append(f"---- {rec['StdOut']}\n{_tail(Path(rec['StdOut']))}")
         parts.append("---- squeue\n" + _sh("squeue").stdout)
         parts.append("---- slurmctld.log\n" + _tail(Path("/var/log/slurm/slurmctld.log"), 20))
-        parts.append("---- slurmd.log\n" + _tail(Path("/var/log/slurm/slurmd.log"), 20))
+        for log in sorted(Path("/var/log/slurm").glob("slurmd-*.log")):
+            parts.append(f"---- {log.name}\n" + _tail(log, 15))
         return "\n".join(parts)
 
 
@@ -213,3 +254,28 @@ def _slurm_marked(request):
     """Tests marked @pytest.mark.slurm get the cluster even if they do not ask for the fixture."""
     if request.node.get_closest_marker("slurm"):
         request.getfixturevalue("slurm_cluster")
+
+
+@pytest.fixture(scope="session")
+def multi_nodes(slurm_cluster) -> tuple[str, ...]:
+    """The namespace nodes of partition `multi`, idle (FAILS if the harness did not make them: it does as root)."""
+    r = _sh("sinfo", "-h", "-N", "-p", MULTI_PARTITION, "-o", "%N %T")
+    states = dict(line.split() for line in r.stdout.splitlines() if line.strip())
+    if sorted(states) != sorted(MULTI_NODES) or not all(s in ("idle", "mixed") for s in states.values()):
+        pytest.fail(f"partition {MULTI_PARTITION} should hold idle {MULTI_NODES}, sinfo says {states or r.stderr}")
+    return MULTI_NODES
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory) -> Path:
+    """Three Gutenberg books tokenised once for every real pre-training run of the session."""
+    return pretrain_runs.tokenize_books(tmp_path_factory.mktemp("corpus") / "gutenberg")
+
+
+@pytest.fixture(scope="session")
+def reference_run(slurm_cluster, tiny_corpus, tmp_path_factory) -> tuple[dict, Path]:
+    """pretrain_base.sh with the tiny CPU config on ONE node x 2 ranks, uninterrupted: what the resumed and the
+    multi-node runs must reproduce step for step."""
+    run_dir = tmp_path_factory.mktemp("pretrain") / "reference"
+    jid = pretrain_runs.submit_pretrain(slurm_cluster, run_dir, tiny_corpus, pretrain_runs.ONE_NODE)
+    return slurm_cluster.wait_state(jid, "COMPLETED", timeout=600), run_dir

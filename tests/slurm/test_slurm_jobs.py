@@ -321,3 +321,30 @@ def test_rendezvous_multi_node_nodelist(slurm_cluster):
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["gpu007", str(10000 + 987654 % 20000)]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("first_host", "why"),
+    [("localhost", "resolves to the loopback address 127.0.0.1"), ("no-such-host.invalid", "does not resolve")],
+)
+def test_rendezvous_refuses_unreachable_master_in_multi_node_jobs(first_host, why):
+    """With several nodes, a MASTER_ADDR the others cannot reach stops the job at once, saying what to set, instead
+    of every rank waiting out the rendezvous timeout; a single-node job may use any name."""
+
+    def rendezvous(nodes: int) -> subprocess.CompletedProcess:
+        env = {**os.environ, "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": f"{first_host},gpu2"}
+        env["SLURM_JOB_NUM_NODES"] = str(nodes)
+        return subprocess.run(
+            ["bash", "-c", "set -euo pipefail; source slurm/common.sh; eb_rendezvous"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=REPO,
+            env=env,
+        )
+
+    r = rendezvous(2)
+    assert r.returncode == 1 and f"MASTER_ADDR={first_host} {why}" in r.stderr and "EB_MASTER_ADDR" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert rendezvous(1).returncode == 0

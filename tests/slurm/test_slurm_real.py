@@ -1,6 +1,7 @@
 """The batch scripts with the REAL data_prep and pretrain CLIs on the local Slurm cluster (1 node, 2 CPUs, 2 fake
 GPUs): prep_data.sh array + finalize vs one process; pretrain_base.sh with configs/tiny_cpu.yaml, uninterrupted and
-preempted (SIGUSR1 -> checkpoint -> exit 75 -> requeue -> resume), whose losses must match step for step."""
+preempted (SIGUSR1 -> checkpoint -> exit 75 -> requeue -> resume), whose losses must match step for step. The
+tokenised corpus and the uninterrupted reference run are session fixtures (conftest.py) the multi-node tests share."""
 
 import hashlib
 import json
@@ -8,28 +9,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from pretrain_runs import ONE_NODE, STEPS, assert_same_steps, books, metrics_by_step, preempt, submit_pretrain
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-GUTENBERG = REPO.parent / "shared" / "data" / "corpus" / "gutenberg"
-if not GUTENBERG.is_dir():
-    GUTENBERG = Path("/work/shared/data/corpus/gutenberg")
-BOOKS = ["11-0.txt", "1952-0.txt", "pg1080.txt"]  # ~50-180 KB each: ~425 training samples at seq 128
-SMALL = ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=2", "--cpus-per-task=1", "--time=30"]
-STEPS = 12
-
-
-def books() -> list[str]:
-    missing = [b for b in BOOKS if not (GUTENBERG / b).is_file()]
-    if missing:
-        pytest.skip(f"Gutenberg books {missing} not found under {GUTENBERG}")
-    return [str(GUTENBERG / b) for b in BOOKS]
-
-
-def metrics_by_step(run_dir: Path) -> dict[int, dict]:
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return {r["step"]: r for r in recs}  # a step logged again after a resume: the last one counts
 
 
 def shard_hashes(out: Path) -> dict[str, str]:
@@ -38,31 +22,6 @@ def shard_hashes(out: Path) -> dict[str, str]:
         for split in ("train", "valid")
         for p in sorted((out / split).glob("shard_*"))
     }
-
-
-@pytest.fixture(scope="module")
-def tiny_corpus(tmp_path_factory) -> Path:
-    from data_prep import minilm_vocab, tokenize_corpus
-
-    out = tmp_path_factory.mktemp("corpus") / "gutenberg"
-    tokenize_corpus(books(), out, tokenizer=minilm_vocab(), valid_fraction=0.05)
-    return out
-
-
-def pretrain_job(slurm_cluster, tmp: Path, name: str, data: Path) -> tuple[str, Path, Path]:
-    run_dir, out = tmp / name, tmp / f"{name}.out"
-    env = slurm_cluster.env(CONFIG="configs/tiny_cpu.yaml", DS_CONFIG="ds_configs/cpu_fp32.json", RUN_DIR=run_dir)
-    jid = slurm_cluster.sbatch(
-        *SMALL,
-        f"--output={out}",
-        "slurm/pretrain_base.sh",
-        "--set",
-        f"data.corpora.0.path={data}",
-        "--set",
-        f"train.train_steps={STEPS}",
-        env=env,
-    )
-    return jid, run_dir, out
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -139,38 +98,25 @@ def test_prep_data_array_matches_single_process(slurm_cluster, tmp_path):
     assert v.returncode == 0, v.stdout + v.stderr
 
 
-@pytest.fixture(scope="module")
-def reference_run(slurm_cluster, tiny_corpus, tmp_path_factory):
-    """pretrain_base.sh with the tiny CPU config, 2 ranks, uninterrupted."""
-    tmp = tmp_path_factory.mktemp("pretrain")
-    jid, run_dir, out = pretrain_job(slurm_cluster, tmp, "reference", tiny_corpus)
-    rec = slurm_cluster.wait_state(jid, "COMPLETED", timeout=600)
-    return rec, run_dir, out
-
-
 @pytest.mark.timeout(900)
 def test_pretrain_base_tiny_cpu_completes(reference_run):
-    rec, run_dir, out = reference_run
+    rec, run_dir = reference_run
     assert rec["Restarts"] == "0" and rec["ExitCode"] == "0:0"
     assert sorted(metrics_by_step(run_dir)) == list(range(1, STEPS + 1))
     assert all(m["world_size"] == 2 for m in metrics_by_step(run_dir).values())
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"global_step{STEPS}"
-    assert "step finished (exit 0)" in out.read_text()
+    assert "step finished (exit 0)" in Path(f"{run_dir}.out").read_text()
 
 
 @pytest.mark.timeout(900)
 def test_pretrain_base_preempted_resumes_with_identical_losses(slurm_cluster, reference_run, tiny_corpus, tmp_path):
-    _, ref_dir, _ = reference_run
-    jid, run_dir, out = pretrain_job(slurm_cluster, tmp_path, "preempted", tiny_corpus)
+    _, ref_dir = reference_run
+    run_dir = tmp_path / "preempted"
+    jid = submit_pretrain(slurm_cluster, run_dir, tiny_corpus, ONE_NODE)
     slurm_cluster.wait_until(
-        "step 2 in metrics.jsonl",
-        lambda: (run_dir / "metrics.jsonl").is_file() and max(metrics_by_step(run_dir)) >= 2,
-        timeout=600,
-        job_id=jid,
-        poll=0.1,
+        "step 2 in metrics.jsonl", lambda: max(metrics_by_step(run_dir), default=0) >= 2, 600, jid, poll=0.1
     )
-    r = subprocess.run(["scancel", "-b", "-s", "USR1", jid], capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0, r.stderr
+    preempt(slurm_cluster, jid)
     rec = slurm_cluster.wait_state(jid, "COMPLETED", timeout=700)
     assert rec["Restarts"] == "1" and rec["ExitCode"] == "0:0", slurm_cluster.diagnose(jid)
 
@@ -182,8 +128,6 @@ def test_pretrain_base_preempted_resumes_with_identical_losses(slurm_cluster, re
 
     ref, got = metrics_by_step(ref_dir), metrics_by_step(run_dir)
     assert sorted(got) == sorted(ref) == list(range(1, STEPS + 1))
-    for step in ref:  # fp32 on CPU, same world size: the resumed run is bit-identical
-        for key in ("loss", "mlm_loss", "sop_loss", "grad_norm", "lr", "consumed_samples", "samples_digest"):
-            assert got[step][key] == ref[step][key], (step, key, got[step][key], ref[step][key])
-    text = out.read_text()
+    assert_same_steps(got, ref, ref)  # fp32 on CPU, same world size: the resumed run is bit-identical
+    text = Path(f"{run_dir}.out").read_text()
     assert "forwarding it to the job step" in text and "requeueing job" in text

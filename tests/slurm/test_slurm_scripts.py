@@ -1,5 +1,6 @@
 """Static checks of the Slurm scripts: bash -n, shellcheck -x, the documented #SBATCH defaults."""
 
+import json
 import os
 import re
 import shutil
@@ -85,8 +86,12 @@ def test_pretrain_base_defaults():
     text = (REPO / "slurm/pretrain_base.sh").read_text()
     assert "CONFIG=${CONFIG:-configs/elasticbert_base.yaml}" in text
     assert "DS_CONFIG=${DS_CONFIG:-}" in text  # unless overridden, the run config's train.ds_config decides
-    ds_config = yaml.safe_load((REPO / "configs/elasticbert_base.yaml").read_text())["train"]["ds_config"]
-    assert ds_config.endswith("_bf16.json") and (REPO / ds_config).is_file()
+    train = yaml.safe_load((REPO / "configs/elasticbert_base.yaml").read_text())["train"]
+    assert (REPO / train["ds_config"]).is_file()
+    # the precision follows the hardware (bf16 / fp16 on V100s / fp32 on CPU) with no flag: nothing pinned here
+    assert train.get("precision", "auto") == "auto"
+    ds = json.loads((REPO / train["ds_config"]).read_text())
+    assert all(ds.get(k, {}).get("enabled", "auto") == "auto" for k in ("bf16", "fp16")), ds
 
 
 def test_prep_data_has_no_array_directive():
