@@ -166,8 +166,9 @@ def _gather_docs(doc_start: np.ndarray, per_doc: np.ndarray, order: np.ndarray) 
 
 
 def memory() -> dict[str, float]:
-    """This process's RSS, PSS and private memory (MB) from /proc/self/smaps_rollup, and its peak RSS since the last
-    `reset_peak` (VmHWM)."""
+    """This process's RSS, PSS, private and anonymous memory (MB) from /proc/self/smaps_rollup, and its peak RSS since
+    the last `reset_peak` (VmHWM). Private includes file-backed pages only this process has touched (memmapped
+    shard pages: page cache the kernel can drop); anonymous is heap, what a rank really costs."""
     fields = {}
     for line in Path("/proc/self/smaps_rollup").read_text().splitlines()[1:]:
         key, value = line.split(":", 1)
@@ -397,6 +398,7 @@ def summarise(fraction: float, totals: dict, m: dict) -> dict:
         "rank_rss_mb": float(np.mean([r["rss_mb"] for r in ranks])),
         "rank_pss_mb": float(np.mean([r["pss_mb"] for r in ranks])),
         "rank_extra_private_mb": float(np.mean([r["extra_private_mb"] for r in ranks])),
+        "rank_extra_anon_mb": float(np.mean([r["extra_anon_mb"] for r in ranks])),
         "samples_per_s_per_worker": None,  # measured for every size together at the end (interleaved)
         "consumed_per_rank": m["consumption"]["samples_per_s"],
         "consumption_assumption": m["consumption"]["assumption"],
@@ -432,8 +434,8 @@ def projection(rows: list[dict]) -> dict:
         out[f"exponent_{key}"] = slope
         out[key] = float(y2 * (REAL_TOKENS / x2) ** slope)
     out["tokens"] = REAL_TOKENS
-    private = [r["rank_extra_private_mb"] for r in rows]
-    out["rank_extra_private_spread"] = (max(private) - min(private)) / max(min(private), 1e-9)
+    anon = [r["rank_extra_anon_mb"] for r in rows]
+    out["rank_extra_anon_spread"] = (max(anon) - min(anon)) / max(min(anon), 1e-9)
     out["dataloader_headroom"] = min(r["samples_per_s_per_worker"] / r["consumed_per_rank"] for r in rows)
     return out
 
@@ -443,7 +445,8 @@ def write_report(rows: list[dict], proj: dict, output: Path) -> None:
     (output / "scale_data.json").write_text(json.dumps({"rows": rows, "projection_160gb": proj}, indent=1))
     head = (
         "| corpus | tokens | open | open RSS | index build | build peak RSS | old build | old peak | other ranks "
-        "wait (first start) | restart | rank RSS / PSS | rank extra private | samples/s per worker (× need) |"
+        "wait (first start) | restart | rank RSS / PSS | rank extra heap / file-backed private | samples/s per worker "
+        "(× need) |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -453,7 +456,8 @@ def write_report(rows: list[dict], proj: dict, output: Path) -> None:
             f"| 1/{1 / r['fraction']:.0f} of 160 GB | {r['tokens'] / 1e9:.3f} B | {r['open_s'] * 1e3:.0f} ms | "
             f"{r['open_rss_mb']:.1f} MB | {r['index_build_s']:.1f} s | {r['index_build_peak_mb']:.0f} MB | {old} | "
             f"{old_mb} | {r['waiters_first_start_s']:.1f} s | {r['restart_s']:.1f} s | "
-            f"{r['rank_rss_mb']:.0f} / {r['rank_pss_mb']:.0f} MB | {r['rank_extra_private_mb']:.1f} MB | "
+            f"{r['rank_rss_mb']:.0f} / {r['rank_pss_mb']:.0f} MB | {r['rank_extra_anon_mb']:.1f} / "
+            f"{r['rank_extra_private_mb'] - r['rank_extra_anon_mb']:.1f} MB | "
             f"{r['samples_per_s_per_worker']:.0f} ({r['samples_per_s_per_worker'] / r['consumed_per_rank']:.0f}×) |"
         )
     p = proj
@@ -461,7 +465,7 @@ def write_report(rows: list[dict], proj: dict, output: Path) -> None:
         f"| **160 GB (projected)** | {p['tokens'] / 1e9:.0f} B | {p['open_s'] * 1e3:.0f} ms | "
         f"{p['open_rss_mb']:.0f} MB | {p['index_build_s']:.0f} s | {p['index_build_peak_mb']:.0f} MB | "
         f"{(p['old_build_s'] or 0):.0f} s | {(p['old_build_peak_mb'] or 0):.0f} MB | "
-        f"{p['waiters_first_start_s']:.0f} s | {p['restart_s']:.0f} s | – | {p['rank_extra_private_mb']:.1f} MB | "
+        f"{p['waiters_first_start_s']:.0f} s | {p['restart_s']:.0f} s | – | {p['rank_extra_anon_mb']:.1f} MB heap | "
         f"≥ {p['dataloader_headroom']:.0f}× |"
     )
     (output / "scale_data.md").write_text("\n".join(lines) + "\n\n" + rows[0]["consumption_assumption"] + "\n")
@@ -489,7 +493,7 @@ def plot(rows: list[dict], path: Path) -> None:
     for key, label in (
         ("index_build_peak_mb", "index build peak RSS"),
         ("old_build_peak_mb", "old builder peak RSS"),
-        ("rank_extra_private_mb", "extra private memory per rank (8 ranks)"),
+        ("rank_extra_anon_mb", "extra heap per rank (8 ranks)"),
         ("rank_pss_mb", "PSS per rank"),
         ("open_rss_mb", "corpus open RSS"),
     ):

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import bisect
+import functools
 import hashlib
 import json
 import os
@@ -68,7 +70,14 @@ def corpus_shards(corpus: Corpus) -> Iterator[tuple[int, int, np.ndarray, np.nda
     yield 0, 0, np.asarray(corpus.sentence_lengths), np.asarray(corpus.doc_boundaries)
 
 
-def sample_targets(seed: int, max_seq_len: int, short_seq_prob: float, docs: np.ndarray, k: np.ndarray) -> np.ndarray:
+@functools.lru_cache(maxsize=16)
+def _target_prefix(seed: int, max_seq_len: int) -> np.ndarray:
+    return mix(seed, INDEX_VERSION, max_seq_len)
+
+
+def sample_targets(
+    seed: int, max_seq_len: int, short_seq_prob: float, docs: np.ndarray, k: np.ndarray | int
+) -> np.ndarray:
     """Target length of the k-th sample of each document: max_seq_len - 3, or with probability short_seq_prob a
     uniform length in [2, max_seq_len - 3]. A pure function of (seed, doc, k) — one splitmix64 of (doc << 32 | k)
     under a seeded prefix; documents < 2^32 — so any builder order gives the same index."""
@@ -76,46 +85,90 @@ def sample_targets(seed: int, max_seq_len: int, short_seq_prob: float, docs: np.
     target = np.full(len(docs), max_tokens, dtype=np.int64)
     if short_seq_prob <= 0:
         return target
-    prefix = mix(seed, INDEX_VERSION, max_seq_len)
     with np.errstate(over="ignore"):
-        key = (np.asarray(docs).astype(np.uint64) << np.uint64(32)) | np.asarray(k).astype(np.uint64)
-        h = splitmix64(prefix ^ key)
+        key = (
+            (np.asarray(docs).astype(np.uint64) << np.uint64(32)) | np.uint64(k)
+            if np.ndim(k) == 0
+            else ((np.asarray(docs).astype(np.uint64) << np.uint64(32)) | np.asarray(k).astype(np.uint64))
+        )
+        h = splitmix64(_target_prefix(seed, max_seq_len) ^ key)
         short = uniform(h) < short_seq_prob
         if short.any():
             target[short] = 2 + (splitmix64(h[short]) % np.uint64(max_tokens - 1)).astype(np.int64)
     return target
 
 
+TAIL_DOCS = 64  # below this many documents still packing, a round's numpy overhead outweighs its work
+
+
 def shard_samples(
     doc0: int, sent0: int, lengths: np.ndarray, bounds: np.ndarray, max_seq_len: int, short_seq_prob: float, seed: int
 ) -> np.ndarray:
-    """The samples of one shard's documents, vectorised over documents: round r packs every document's r-th
-    sample at once (documents are independent), so the Python loop runs once per round, not once per sample."""
+    """The samples of one shard's documents. Vectorised over documents: round k packs every document's k-th sample
+    at once (documents are independent), so the Python loop runs once per round, not once per sample. The last
+    few long documents (books: thousands of samples each) are finished one by one with `bisect` on plain ints,
+    where a numpy round per sample would cost more than the sample. Rows are then scattered into document order
+    (a document's k-th sample lands at its offset + k)."""
     cum = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=cum[1:])
     start = np.asarray(bounds[:-1], dtype=np.int64).copy()
     end = np.asarray(bounds[1:], dtype=np.int64)
     active = np.flatnonzero(end - start >= 2)
-    columns: list[list[np.ndarray]] = [[], [], [], []]  # doc, first sentence, end sentence, target
+    rounds: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # docs, k, first, stop, tgt
     k = 0
-    while active.size:
+    while active.size and active.size >= TAIL_DOCS:
         s, e = start[active], end[active]
-        target = sample_targets(seed, max_seq_len, short_seq_prob, active + doc0, np.full(active.size, k))
+        target = sample_targets(seed, max_seq_len, short_seq_prob, active + doc0, k)
         # smallest j with cum[j] - cum[s] >= target; the sample is sentences [s, j), at least 2, within the doc
         stop = np.minimum(np.maximum(np.searchsorted(cum, cum[s] + target, side="left"), s + 2), e)
         stop = np.where(e - stop == 1, e, stop)  # a lone trailing sentence cannot form a pair: give it to this one
-        for column, values in zip(columns, (active, s, stop, target)):
-            column.append(values)
+        rounds.append((active, np.full(active.size, k), s, stop, target))
         start[active] = stop
         active = active[e - stop >= 2]
         k += 1
-    if not columns[0]:
+    for doc in active.tolist():
+        rounds.append(_pack_one(doc, k, int(start[doc]), int(end[doc]), cum, doc0, max_seq_len, short_seq_prob, seed))
+    if not rounds:
         return np.zeros((0, 4), dtype=np.int64)
-    rows = np.empty((sum(len(c) for c in columns[0]), 4), dtype=np.int64)
-    for j, (column, offset) in enumerate(zip(columns, (doc0, sent0, sent0, 0))):
-        np.concatenate(column, out=rows[:, j])
-        rows[:, j] += offset
-    return rows[np.lexsort((rows[:, 1], rows[:, 0]))]  # document order, and sentence order within a document
+    docs = np.concatenate([r[0] for r in rounds])
+    per_doc = np.bincount(docs, minlength=len(end))
+    offset = np.concatenate([[0], np.cumsum(per_doc)[:-1]])
+    rows = np.empty((len(docs), 4), dtype=np.int64)
+    where = offset[docs] + np.concatenate([r[1] for r in rounds])
+    rows[where, 0] = docs + doc0
+    rows[where, 1] = np.concatenate([r[2] for r in rounds]) + sent0
+    rows[where, 2] = np.concatenate([r[3] for r in rounds]) + sent0
+    rows[where, 3] = np.concatenate([r[4] for r in rounds])
+    return rows
+
+
+def _pack_one(
+    doc: int,
+    k: int,
+    start: int,
+    end: int,
+    cum: np.ndarray,
+    doc0: int,
+    max_seq_len: int,
+    short_seq_prob: float,
+    seed: int,
+) -> tuple[np.ndarray, ...]:
+    """The remaining samples of one document from its k-th on (the same rule as a round, one sample at a time)."""
+    ks = np.arange(k, k + (end - start) // 2 + 1)  # at most this many samples are left (each takes >= 2 sentences)
+    targets = sample_targets(seed, max_seq_len, short_seq_prob, np.full(len(ks), doc + doc0), ks).tolist()
+    prefix = cum[start : end + 1].tolist()  # prefix[i] = cum[start + i]
+    firsts, stops = [], []
+    s, i = start, 0
+    while end - s >= 2:
+        j = bisect.bisect_left(prefix, prefix[s - start] + targets[i]) + start
+        stop = min(max(j, s + 2), end)
+        if end - stop == 1:
+            stop = end
+        firsts.append(s)
+        stops.append(stop)
+        s, i = stop, i + 1
+    n = len(firsts)
+    return np.full(n, doc), ks[:n], np.asarray(firsts), np.asarray(stops), np.asarray(targets[:n], dtype=np.int64)
 
 
 def build_sample_index(corpus: Corpus, max_seq_len: int, short_seq_prob: float, seed: int) -> np.ndarray:

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import pretrain.data as data_module
 from pretrain.data import (
     IndexWaitTimeout,
     SampleOrder,
@@ -73,7 +74,8 @@ class FakeCorpus:
 def random_corpus(rng: np.random.Generator, max_doc_sentences: int = 40) -> FakeCorpus:
     shards = []
     for _ in range(int(rng.integers(1, 5))):
-        n_docs = int(rng.integers(0, 30))  # 0: an empty shard
+        # 0: an empty shard; up to 300 documents: both the vectorised rounds and the one-by-one tail run
+        n_docs = int(rng.integers(0, 300 if rng.random() < 0.6 else 30))
         sizes = rng.integers(1, max_doc_sentences, size=n_docs)  # 1-sentence documents included
         bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         lengths = rng.integers(1, 120, size=int(bounds[-1])).astype(np.int32)
@@ -91,6 +93,17 @@ def test_vectorised_index_equals_the_reference(seed):
     got = build_sample_index(corpus, seq, short, seed)
     want = reference_index(corpus.sentence_lengths, corpus.doc_boundaries, seq, short, seed)
     np.testing.assert_array_equal(got, want)
+
+
+def test_the_rounds_and_the_tail_agree(monkeypatch):
+    """The same corpus packed all by rounds, all one by one, and mixed gives one index."""
+    corpus = random_corpus(np.random.default_rng(99), max_doc_sentences=200)
+    results = []
+    for tail in (0, 10**9, 64):
+        monkeypatch.setattr(data_module, "TAIL_DOCS", tail)
+        results.append(build_sample_index(corpus, 128, 0.2, 4))
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_array_equal(results[0], results[2])
 
 
 def test_one_long_document_and_targets_in_range():
