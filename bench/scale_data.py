@@ -285,6 +285,7 @@ def _rank_reader(path: str, cache: str, rank: int, samples: int, barrier: object
             "pss_mb": after["pss"],
             "private_mb": after["private"],
             "extra_private_mb": after["private"] - base["private"],
+            "extra_anon_mb": after["anon"] - base["anon"],
             "extra_rss_mb": after["rss"] - base["rss"],
         }
     )
