@@ -34,16 +34,29 @@ def no_shared_data_offline(tmp_path, monkeypatch):
 def test_the_hub_path_reads_sst2_and_wikitext_from_the_cache_offline(no_shared_data_offline, tmp_path):
     cache = no_shared_data_offline
     sentences = ["a gripping , funny film", "dull and far too long", "warm", "a mess"]
-    add_to_hub_cache(cache, "nyu-mll/glue", {
-        "sst2/train-00000-of-00001.parquet": parquet_bytes({"sentence": sentences, "label": [1, 0, 1, 0],
-                                                             "idx": [0, 1, 2, 3]}),
-        "sst2/validation-00000-of-00001.parquet": parquet_bytes({"sentence": ["lovely", "awful"], "label": [1, 0],
-                                                                  "idx": [0, 1]}),
-    }, repo_type="dataset")
-    add_to_hub_cache(cache, "Salesforce/wikitext", {
-        "wikitext-2-raw-v1/train-00000-of-00001.parquet": parquet_bytes(
-            {"text": [" = Valkyria Chronicles = \n", "", " The game began development in 2010 . \n", ""]}),
-    }, repo_type="dataset")
+    add_to_hub_cache(
+        cache,
+        "nyu-mll/glue",
+        {
+            "sst2/train-00000-of-00001.parquet": parquet_bytes(
+                {"sentence": sentences, "label": [1, 0, 1, 0], "idx": [0, 1, 2, 3]}
+            ),
+            "sst2/validation-00000-of-00001.parquet": parquet_bytes(
+                {"sentence": ["lovely", "awful"], "label": [1, 0], "idx": [0, 1]}
+            ),
+        },
+        repo_type="dataset",
+    )
+    add_to_hub_cache(
+        cache,
+        "Salesforce/wikitext",
+        {
+            "wikitext-2-raw-v1/train-00000-of-00001.parquet": parquet_bytes(
+                {"text": [" = Valkyria Chronicles = \n", "", " The game began development in 2010 . \n", ""]}
+            ),
+        },
+        repo_type="dataset",
+    )
     data = demo_data(tmp_path / "out", books=2, train_examples=4)
     assert data.origin == "hub" and not data.is_toy and "Hugging Face hub" in data.task_source
     train = load_split("SST-2", data.glue_dir, "train")
