@@ -12,8 +12,10 @@ from transformers import (
 )
 
 from .configuration import ElasticBertConfig
+from .early_exit import EarlyExitResult, make_rule, run_batch
+from .exit_setting import EarlyExitSetting
 from .gradient_equilibrium import equilibrium_weights, rescale_gradient
-from .loading import CheckpointError, LoadReport, load_pretrained, minilm_dir
+from .loading import CheckpointError, LoadReport, load_pretrained, minilm_dir, save_early_exit
 from .model_card import write_model_card
 from .modeling import (
     ElasticBertForPreTraining,
@@ -30,6 +32,8 @@ AutoModelForSequenceClassification.register(ElasticBertConfig, ElasticBertForSeq
 
 __all__ = [
     "CheckpointError",
+    "EarlyExitResult",
+    "EarlyExitSetting",
     "ElasticBertConfig",
     "ElasticBertForPreTraining",
     "ElasticBertForSequenceClassification",
@@ -39,7 +43,10 @@ __all__ = [
     "equilibrium_weights",
     "exit_groups",
     "load_pretrained",
+    "make_rule",
     "minilm_dir",
     "rescale_gradient",
+    "run_batch",
+    "save_early_exit",
     "write_model_card",
 ]

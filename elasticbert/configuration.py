@@ -7,6 +7,8 @@ from typing import Literal, get_args
 
 from transformers import PretrainedConfig
 
+from .exit_setting import EarlyExitSetting
+
 ExitType = Literal["linear", "mha"]
 PositionIdsStyle = Literal["bert", "roberta"]
 EXIT_TYPES = get_args(ExitType)
@@ -35,6 +37,10 @@ class ElasticBertConfig(PretrainedConfig):
         exit_type: "linear" (per-layer pooler + Linear) or "mha" (Linear(H, d_e) -> tanh -> multi-head attention
             from [CLS] over the sequence -> tanh -> Linear(d_e, K)).
         exit_mha_dim / exit_mha_heads: d_e and the number of heads of the MHA exit.
+        early_exit: None (the classifier's forward runs every exit) or an early-exit setting such as
+            `{"strategy": "entropy", "threshold": 0.3}` (see `exit_setting`): the classifier's forward in eval mode
+            then runs the early-exit engine, so `pipeline("text-classification")` exits early. Written by
+            `elasticbert.save_early_exit(directory, ...)`; validated when the config loads.
     """
 
     model_type = "elasticbert"
@@ -61,6 +67,7 @@ class ElasticBertConfig(PretrainedConfig):
         exit_mha_dim: int = 64,
         exit_mha_heads: int = 4,
         classifier_dropout: float | None = None,
+        early_exit: dict | None = None,
         tie_word_embeddings: bool = True,
         position_ids_style: PositionIdsStyle = "bert",
         position_embedding_type: str = "absolute",
@@ -111,6 +118,9 @@ class ElasticBertConfig(PretrainedConfig):
         self.exit_mha_dim = exit_mha_dim
         self.exit_mha_heads = exit_mha_heads
         self.classifier_dropout = classifier_dropout
+        if early_exit is not None:  # a ValueError naming the key (load_pretrained names the file)
+            early_exit = EarlyExitSetting.from_dict(early_exit, self.num_labels, "early_exit").to_dict()
+        self.early_exit = early_exit
 
     @property
     def head_dim(self) -> int:

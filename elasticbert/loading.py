@@ -36,8 +36,10 @@ from transformers import PreTrainedModel
 
 from common.errors import UserError
 from common.hub import resolve_pretrained
+from common.io import atomic_write_json
 
 from .configuration import ElasticBertConfig
+from .exit_setting import EarlyExitSetting
 from .layouts import (
     BUFFER_SUFFIXES,
     FAMILIES,
@@ -142,6 +144,39 @@ def read_config(directory: Path) -> dict:
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path}: expected a JSON object of config fields, found {type(raw).__name__}")
     return raw
+
+
+def save_early_exit(
+    directory: str | Path,
+    strategy: str | None,
+    threshold: float | None = None,
+    *,
+    patience: int = 2,
+    delta: float = 0.1,
+) -> dict | None:
+    """Write an early-exit setting into a local model directory's config.json (atomically; every other field is kept
+    as it is), so that its classifier's forward - and `pipeline("text-classification", model=directory)` - exits
+    early: e.g. `save_early_exit(run / "best", "entropy", 0.3)`. `strategy=None` removes the setting (every exit
+    runs again). Returns what `config.early_exit` now holds; a setting that does not fit the model (unknown rule,
+    threshold out of range, a probability rule on a regression model) is refused with a CheckpointError."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: not a local model directory (early-exit settings are written into one)")
+    raw = read_config(directory)
+    if raw.get("model_type") != "elasticbert":
+        raise CheckpointError(
+            f"{directory / 'config.json'}: model_type {raw.get('model_type')!r}: only an ElasticBERT classifier "
+            "(model_type 'elasticbert') exits early"
+        )
+    value = None
+    if strategy is not None:
+        value = EarlyExitSetting(strategy, threshold, patience, delta).validated().to_dict()
+    config = _config(directory, {**raw, "early_exit": value})  # validates it against the model (labels, ranges)
+    updated = {k: v for k, v in raw.items() if k != "early_exit"}
+    if config.early_exit is not None:
+        updated["early_exit"] = config.early_exit
+    atomic_write_json(directory / "config.json", updated)
+    return config.early_exit
 
 
 def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:

@@ -31,8 +31,11 @@ from transformers.activations import ACT2FN
 from transformers.utils import ModelOutput
 
 from .configuration import ElasticBertConfig, validate_exit_layers
+from .early_exit import rule_for, run_batch
+from .exit_setting import EarlyExitSetting
 from .gradient_equilibrium import equilibrium_weights, rescale_gradient
 from .layouts import official_head_renames
+from .masks import attention_mask_for_sdpa
 
 # ----------------------------------------------------------------------------------------------------------- encoder
 
@@ -275,13 +278,6 @@ class ElasticBertModelOutput(ModelOutput):
 def upcast(x: torch.Tensor) -> torch.Tensor:
     """Losses in at least fp32: bf16/fp16 logits are upcast, fp32/fp64 left alone."""
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-
-
-def attention_mask_for_sdpa(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """[B, T] 1/0 padding mask -> [B, 1, 1, T] boolean mask for SDPA (True = attend); None when nothing is padded."""
-    if attention_mask is None or bool(attention_mask.all()):
-        return None
-    return attention_mask[:, None, None, :].bool()
 
 
 class ElasticBertModel(ElasticBertPreTrainedModel):
@@ -618,7 +614,11 @@ class MultiExitClassifierOutput(ModelOutput):
     """`logits` [B, K] are the deepest exit's that ran (what transformers' pipelines and `Trainer` read);
     `exit_logits`, `representations` h^e and `exit_losses` are every exit's, in `exit_layers` order. `loss` is the
     mean of `exit_losses`: each exit's CE / MSE / BCE (transformers' `problem_type` rule), averaged over the exits
-    this forward ran."""
+    this forward ran.
+
+    In early-exit mode (`config.early_exit`, see `ElasticBertForSequenceClassification.forward`) each sample's
+    `logits` are those of the exit it left at, `sample_exit_layers` [B] says which (1-based layer), `exit_layers`
+    are the exits it could use, and the per-exit fields are None (samples leave at different exits)."""
 
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
@@ -627,6 +627,7 @@ class MultiExitClassifierOutput(ModelOutput):
     exit_losses: torch.Tensor | None = None
     representations: tuple[torch.Tensor, ...] | None = None
     exit_layers: tuple[int, ...] | None = None
+    sample_exit_layers: torch.Tensor | None = None
 
 
 class ElasticBertForSequenceClassification(ElasticBertPreTrainedModel):
@@ -651,6 +652,33 @@ class ElasticBertForSequenceClassification(ElasticBertPreTrainedModel):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(representation, logits) of exit `layer` (1-based) from that layer's hidden states."""
         return self.exits[str(layer)](hidden, attention_mask, self.elasticbert.encoder.pooler[layer - 1])
+
+    def _early_exit_setting(
+        self,
+        early_exit: bool | None,
+        exit_layers: Sequence[int] | None,
+        labels: torch.Tensor | None,
+        wants_hidden: bool,
+    ) -> EarlyExitSetting | None:
+        """The setting this forward exits early with, or None for the every-exit forward (see `forward`)."""
+        configured = getattr(self.config, "early_exit", None)
+        if early_exit is False or (early_exit is None and configured is None):
+            return None
+        blockers = [
+            why
+            for why, present in (
+                ("the config has no early-exit setting (elasticbert.save_early_exit)", configured is None),
+                ("the model is in training mode (model.eval() first)", self.training),
+                ("labels were given (a loss needs every exit)", labels is not None),
+                ("output_hidden_states needs every layer", wants_hidden),
+            )
+            if present
+        ]
+        if early_exit is None:
+            return None if blockers or exit_layers is not None else EarlyExitSetting.from_dict(configured)
+        if blockers:
+            raise ValueError(f"{type(self).__name__}: early_exit=True, but " + "; ".join(blockers))
+        return EarlyExitSetting.from_dict(configured, self.config.num_labels, "config.early_exit")
 
     def problem_type(self, labels: torch.Tensor) -> str:
         """transformers' rule: the config's `problem_type`, else regression for one label, single-label
@@ -685,7 +713,30 @@ class ElasticBertForSequenceClassification(ElasticBertPreTrainedModel):
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_dict: bool | None = None,
+        early_exit: bool | None = None,
     ) -> MultiExitClassifierOutput | tuple:
+        """Every exit in `exit_layers` (default: all), or, in early-exit mode, each sample up to the exit its rule
+        picks. `early_exit=None` (default): early exit when the config carries a setting (`config.early_exit`), the
+        model is in eval mode and nothing asks for every exit (`exit_layers`, `labels`, `output_hidden_states`);
+        `True`: early exit or an error saying why not; `False`: never."""
+        wants_hidden = self._wants_hidden_states(output_hidden_states, output_attentions)
+        setting = self._early_exit_setting(early_exit, exit_layers, labels, wants_hidden)
+        if setting is not None:
+            result = run_batch(
+                self,
+                input_ids,
+                attention_mask,
+                token_type_ids,
+                rule_for(setting, self.config.num_labels),
+                exit_layers,
+                position_ids,
+            )
+            output = MultiExitClassifierOutput(
+                logits=result.logits.to(input_ids.device),
+                exit_layers=result.exits,
+                sample_exit_layers=result.exit_layers.to(input_ids.device),
+            )
+            return self._tuple_unless_dict(output, return_dict)
         exits = tuple(exit_layers) if exit_layers is not None else self.exit_layers
         unknown = sorted(set(exits) - set(self.exit_layers))
         if unknown:
@@ -697,7 +748,7 @@ class ElasticBertForSequenceClassification(ElasticBertPreTrainedModel):
             position_ids=position_ids,
             exit_layers=exits,
             gradient_equilibrium=gradient_equilibrium,
-            output_hidden_states=self._wants_hidden_states(output_hidden_states, output_attentions),
+            output_hidden_states=wants_hidden,
             return_dict=True,
         )
         reps, logits = zip(

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 from common.cli import add_debug, run_command
 
-from . import diagnostics, elue, evaluation, submission, train_cli
+from . import diagnostics, elue, evaluation, predict_cli, submission, train_cli
 from .early_exit import cli as early_exit_cli
 
-COMMAND_MODULES = (train_cli, evaluation, diagnostics, early_exit_cli, elue, submission)
+COMMAND_MODULES = (train_cli, evaluation, diagnostics, early_exit_cli, elue, submission, predict_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:

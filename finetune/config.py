@@ -24,6 +24,7 @@ AngleScope = Literal["exit", "all", "representation"]
 JTWeights = Literal["uniform", "layer"]
 Reduction = Literal["sum", "mean"]
 Granularity = Literal["batch", "exit"]
+Device = Literal["auto", "cpu", "cuda"]  # auto: CUDA when available, else the CPU (`finetune.model.resolve_device`)
 
 
 # Departure from the papers (measured, see finetune/README.md "Defaults that learn"): the exit heads train with their
@@ -111,6 +112,7 @@ class TrainConfig:
     # weights seen are kept either way.
     early_stopping_patience: int | None = None
     deepspeed: str | None = None
+    device: Device = "auto"
     progress: bool = True
     overwrite: bool = False  # replace a finished run in `output` (a running one is never touched)
     recipe: str | None = None  # the preset these values started from (configs/finetune/NAME.yaml), if any

@@ -230,51 +230,54 @@ class EncodedSplit:
             self.input_ids[rows], self.attention_mask[rows], self.token_type_ids[rows], labels, self.index[rows]
         )
 
-    def batches(self, batch_size: int, sort_by_length: bool = True) -> list[Batch]:
+    def batches(
+        self, batch_size: int, sort_by_length: bool = True, device: torch.device | str | None = None
+    ) -> list[Batch]:
         """The split in batches, each trimmed to its longest row. Length-sorted (longest first) unless told
-        otherwise, so that batches carry little padding; `Batch.rows` says where each row came from."""
+        otherwise, so that batches carry little padding; `Batch.rows` (on the CPU) says where each row came from.
+        `device`: where the batches' tensors go (the model's), once, so that repeated passes copy nothing."""
         order = torch.argsort(self.lengths, descending=True, stable=True) if sort_by_length else torch.arange(len(self))
         out = []
         for start in range(0, len(self), batch_size):
             rows = order[start : start + batch_size]
             longest = int(self.lengths[rows].max())
-            out.append(
-                Batch(
-                    rows,
-                    self.input_ids[rows, :longest].contiguous(),
-                    self.attention_mask[rows, :longest].contiguous(),
-                    self.token_type_ids[rows, :longest].contiguous(),
-                )
-            )
+            tensors = (self.input_ids, self.attention_mask, self.token_type_ids)
+            out.append(Batch(rows, *(t[rows, :longest].contiguous().to(device or "cpu") for t in tensors)))
         return out
 
 
 def forward_in_order(
-    forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any], batches: Sequence[Batch]
+    forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any],
+    batches: Sequence[Batch],
+    progress: Callable[[int], None] | None = None,
 ) -> tuple[Any, float]:
     """`forward(input_ids, attention_mask, token_type_ids)` over `batches`; its outputs concatenated along dim 0 and
-    put back in dataset order, and the wall time (seconds) of the forward calls alone (batching is done before the
-    clock starts, reordering after it stops).
+    put back in dataset order on the CPU, and the wall time (seconds) of the forward calls alone (batching is done
+    before the clock starts, reordering after it stops). `progress(n)` is called after each batch of n rows.
 
     An output may be a tensor, or a tuple, dict or dataclass of them (a dataclass's other fields are taken from the
     first batch).
     """
     start = time.perf_counter()
-    outputs = [forward(batch.input_ids, batch.attention_mask, batch.token_type_ids) for batch in batches]
+    outputs = []
+    for batch in batches:
+        outputs.append(forward(batch.input_ids, batch.attention_mask, batch.token_type_ids))
+        if progress is not None:
+            progress(len(batch.rows))
     elapsed = time.perf_counter() - start
     return in_dataset_order(outputs, batches), elapsed
 
 
 def in_dataset_order(outputs: Sequence[Any], batches: Sequence[Batch]) -> Any:
-    """Per-batch outputs (one per batch of `batches`) concatenated and put back in dataset order."""
+    """Per-batch outputs (one per batch of `batches`) concatenated and put back in dataset order, on the CPU."""
     return _gather(outputs, torch.argsort(torch.cat([batch.rows for batch in batches])))
 
 
 def _gather(parts: Sequence[Any], order: torch.Tensor) -> Any:
-    """Concatenate per-batch outputs of one structure and index them by `order`."""
+    """Concatenate per-batch outputs of one structure (moved to the CPU) and index them by `order`."""
     first = parts[0]
     if isinstance(first, torch.Tensor):
-        return torch.cat(parts)[order]
+        return torch.cat([part.cpu() for part in parts])[order]
     if isinstance(first, dict):
         return {key: _gather([p[key] for p in parts], order) for key in first}
     if isinstance(first, tuple | list):

@@ -21,7 +21,7 @@ from common.hub import resolve_pretrained
 
 from .data import EncodedSplit, add_data_dir, forward_in_order, load_tokenizer, subsample
 from .evaluation import task_for
-from .model import check_max_length, label_embeddings, load_finetuned
+from .model import add_device, check_max_length, label_embeddings, load_finetuned, model_device, resolve_device
 from .plots import plot_angles, plot_embeddings
 from .tasks import DataError, load_split
 
@@ -36,12 +36,14 @@ def exit_embeddings(
     max_examples: int | None = 500,
     max_length: int = 128,
     batch_size: int = 64,
+    device: str = "auto",
 ) -> dict[str, np.ndarray]:
     """Exit `layer`'s representations, labels and label embeddings (both L2-normalised) for a split's examples."""
     if max_examples is not None and max_examples < 1:
         raise ConfigError(f"--max-examples must be >= 1, got {max_examples}")
+    place = resolve_device(device)
     model_dir = resolve_pretrained(model_dir, what="--model")
-    model = load_finetuned(model_dir, purpose="plotting them").eval()
+    model = load_finetuned(model_dir, purpose="plotting them").eval().to(place)
     task = task_for(model, task_name)
     if task.is_regression:
         raise DataError(f"task {task.name} is regression: it has no label embeddings to plot")
@@ -58,9 +60,9 @@ def exit_embeddings(
     def forward(ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> torch.Tensor:
         return model(ids, mask, types, exit_layers=[layer]).representations[0].float()
 
-    reps, _ = forward_in_order(forward, encoded.batches(batch_size))
+    reps, _ = forward_in_order(forward, encoded.batches(batch_size, device=model_device(model)))
     z = torch.nn.functional.normalize(reps, dim=-1).numpy()
-    emb = torch.nn.functional.normalize(label_embeddings(model, layer).detach().float(), dim=-1).numpy()
+    emb = torch.nn.functional.normalize(label_embeddings(model, layer).detach().float().cpu(), dim=-1).numpy()
     return {
         "representations": z,
         "labels": np.asarray([e.label for e in examples]),
@@ -85,13 +87,21 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     add_max_examples(p, default=500, help="a seeded random subset of N examples of the split (default: 500)")
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--method", choices=("tsne", "pca"), default="tsne")
+    add_device(p)
     add_output(p, "PNG path (arrays go to the same name with .npz)")
     p.set_defaults(func=_embeddings_main)
 
 
 def _embeddings_main(args: argparse.Namespace) -> int:
     arrays = exit_embeddings(
-        args.model, args.task, args.data_dir, args.layer, args.split, args.max_examples, args.max_length
+        args.model,
+        args.task,
+        args.data_dir,
+        args.layer,
+        args.split,
+        args.max_examples,
+        args.max_length,
+        device=args.device,
     )
     print(f"wrote {plot_embeddings(arrays, args.output, args.method)}")
     return 0

@@ -23,7 +23,7 @@ from elasticbert import ElasticBertForSequenceClassification
 
 from .config import TrainConfig
 from .data import EncodedSplit, add_data_dir, forward_in_order, load_tokenizer, subsample
-from .model import check_max_length, exit_logits, load_finetuned
+from .model import add_device, check_max_length, exit_logits, load_finetuned, model_device, resolve_device
 from .plots import plot_layer_curve
 from .tasks import DataError, Example, TaskSpec, get_task, load_split, predictions_from_outputs
 
@@ -49,7 +49,7 @@ def predict_exits(
         out = model(ids, mask, types, exit_layers=layers)
         return {layer: logits.float() for layer, logits in zip(out.exit_layers, exit_logits(out))}
 
-    logits, _ = forward_in_order(forward, split.batches(batch_size))
+    logits, _ = forward_in_order(forward, split.batches(batch_size, device=model_device(model)))
     labels = None
     if all(e.label is not None for e in examples):
         labels = np.asarray([e.label for e in examples])
@@ -101,6 +101,7 @@ def evaluate_model(
     batch_size: int = 64,
     max_length: int | None = None,
     max_examples: int | None = None,
+    device: str = "auto",
 ) -> dict:
     """Score every exit on `split`, plot the curve, and write test predictions. Returns what dev_scores.json holds.
 
@@ -111,8 +112,9 @@ def evaluate_model(
         raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
     if max_examples is not None and max_examples < 1:
         raise ConfigError(f"--max-examples must be >= 1, got {max_examples}")
+    place = resolve_device(device)
     model_dir = resolve_pretrained(model_dir, what="--model")
-    model = load_finetuned(model_dir, purpose="scoring them")
+    model = load_finetuned(model_dir, purpose="scoring them").to(place)
     if max_length is None:
         run_config = model_dir.parent / "run_config.json"
         max_length = TrainConfig.load(run_config).max_length if run_config.is_file() else 128
@@ -219,6 +221,7 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--max-length", type=int, help="default: the training run's, else 128")
     add_max_examples(p, help="score a seeded random subset of the split")
+    add_device(p)
     p.set_defaults(func=_main)
 
 
@@ -235,6 +238,7 @@ def _main(args: argparse.Namespace) -> int:
         args.batch_size,
         args.max_length,
         args.max_examples,
+        args.device,
     )
     for name, entry in result["tasks"].items():
         curve = ", ".join(f"L{k}: {v[entry['main_metric']]:.2f}" for k, v in entry["exits"].items())

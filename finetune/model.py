@@ -13,13 +13,18 @@ initialised) and from the checkpoint's own record (`trained_exits`; a classifier
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
+from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
+import torch
 from safetensors import safe_open
 from torch import nn
 
+from common.cli import config_argument
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
 from elasticbert import CheckpointError, ElasticBertForSequenceClassification, LoadReport, load_pretrained
@@ -27,6 +32,29 @@ from elasticbert.loading import read_config
 
 from .config import TrainConfig
 from .tasks import TaskSpec
+
+
+def add_device(parser: argparse.ArgumentParser | Any) -> None:
+    """`--device auto|cpu|cuda`, the same for every command that runs a model (choices and default: TrainConfig)."""
+    config_argument(parser, TrainConfig, "device", help="where the model runs (auto: CUDA when available)")
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """`--device`: `cpu`; `cuda` (this process's GPU, `local_rank`) or a ConfigError when there is none; `auto`:
+    CUDA when available, else the CPU. Checked before anything loads."""
+    if name not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"--device {name!r}: expected auto, cpu or cuda")
+    if name == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
+    if name == "cuda":
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA support (a CPU-only build)"
+        raise ConfigError(
+            f"--device cuda: no CUDA device is available (torch {torch.__version__}, {build}); "
+            "pass --device cpu, or --device auto to use a GPU only where there is one"
+        )
+    return torch.device("cpu")
 
 
 def checkpoint_exit_labels(directory: Path) -> int | None:
@@ -74,6 +102,7 @@ def build_model(cfg: TrainConfig, task: TaskSpec) -> tuple[ElasticBertForSequenc
     if not task.is_regression:
         overrides["id2label"] = dict(enumerate(task.label_names))
         overrides["label2id"] = {name: i for i, name in enumerate(task.label_names)}
+    overrides["early_exit"] = None  # an operating point chosen for the old weights says nothing about the new ones
     model, report = load_pretrained(ElasticBertForSequenceClassification, directory, **overrides)
     cfg.validate(task.num_labels, depth, max_positions(model))
     model.config.finetuning_task = task.name
@@ -117,13 +146,13 @@ def untrained_exits(model: ElasticBertForSequenceClassification, report: LoadRep
 
 
 def load_finetuned(
-    path: str | Path, require_trained: bool = False, purpose: str = "scoring them"
+    path: str | Path, require_trained: bool | Collection[int] = False, purpose: str = "scoring them"
 ) -> ElasticBertForSequenceClassification:
     """A fine-tuned classifier as saved by `finetune train` (RUN_DIR/best), a local directory or a hub name.
 
     Refuses a checkpoint with no trained exit at all; exits that were never trained are listed in
-    `model.untrained_exits` and refused when `require_trained` (early exit and submissions need every exit), else
-    named in a warning on stderr."""
+    `model.untrained_exits` and refused when `require_trained` is True (early exit and submissions need every exit)
+    or names them (the exits a caller will use), else named in a warning on stderr."""
     directory = resolve_pretrained(path, what="--model")
     if checkpoint_exit_labels(directory) is None and read_config(directory).get("model_type") != "elasticbert":
         raise CheckpointError(f"{directory}: not a fine-tuned classifier (no exit classifiers in the weights)")
@@ -132,15 +161,23 @@ def load_finetuned(
     model.untrained_exits = untrained
     if untrained == list(model.exit_layers) and freshly_initialised_exits(report):
         raise CheckpointError(f"{directory}: not a fine-tuned classifier (no exit classifiers in the weights)")
-    if untrained:
+    needed = untrained
+    if not isinstance(require_trained, bool):
+        needed = [layer for layer in untrained if layer in set(require_trained)]
+    if needed:
         message = (
-            f"{directory}: exits {untrained} were never trained ({why}); {purpose} would use random heads. "
+            f"{directory}: exits {needed} were never trained ({why}); {purpose} would use random heads. "
             "Fine-tune them first (finetune train --model ... --exits ...)"
         )
-        if require_trained or untrained == list(model.exit_layers):
+        if require_trained or needed == list(model.exit_layers):
             raise CheckpointError(message)
         print(f"finetune: warning: {message}", file=sys.stderr, flush=True)
     return model
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Where the model's weights are (batches go there)."""
+    return next(model.parameters()).device
 
 
 def exit_logits(output: object) -> tuple:

@@ -45,9 +45,10 @@ from . import elue_modules
 from .data import Batch, EncodedSplit, load_tokenizer
 from .early_exit.engine import exit_histogram, per_sample_flops, run_dataset
 from .early_exit.lte import LearnedExitHead
+from .early_exit.operating_point import load_result
 from .early_exit.rules import make_rule
 from .early_exit.sweep import is_early_exit_result
-from .model import check_max_length, load_finetuned
+from .model import add_device, check_max_length, load_finetuned, resolve_device
 from .tasks import DataError, TaskSpec, get_task, load_split
 
 
@@ -164,16 +165,22 @@ class TestRun:
 
     @classmethod
     def from_results(
-        cls, results: Mapping, model: ElasticBertForSequenceClassification | None = None, split_name: str = "test"
+        cls,
+        results: Mapping,
+        model: ElasticBertForSequenceClassification | None = None,
+        split_name: str = "test",
+        device: str = "auto",
     ) -> TestRun:
-        """The model, data and settings recorded in an early-exit result (`model` may be given, already loaded)."""
+        """The model, data and settings recorded in an early-exit result (`model` may be given, already loaded;
+        else it is loaded onto `device`)."""
         missing = [key for key in ("task", "model", "strategies") if key not in results]
         if missing:
             raise DataError(f"the early-exit result lacks the keys {missing}")
         task = get_task(results["task"])
+        place = resolve_device(device)
         model_dir = resolve_pretrained(results["model"], what="the result's model")
         if model is None:
-            model = load_finetuned(model_dir, require_trained=True, purpose="a submission")
+            model = load_finetuned(model_dir, require_trained=True, purpose="a submission").to(place)
         max_length, batch_size = int(results.get("max_length", 128)), int(results.get("batch_size", 32))
         check_max_length(model, max_length, model_dir)
         if batch_size < 1:
@@ -181,7 +188,7 @@ class TestRun:
         tokenizer = load_tokenizer(model_dir)
         examples = load_split(task, results.get("data_dir"), split_name)
         split = EncodedSplit.from_examples(tokenizer, examples, max_length)
-        return cls(results, model, task, split_name, split, split.batches(batch_size))
+        return cls(results, model, task, split_name, split, split.batches(batch_size, device=model.device))
 
     def write_point(
         self, name: str, point: Mapping, params: Mapping, head: LearnedExitHead | None, out: Path
@@ -229,6 +236,7 @@ def write_submissions_for_results(
     lte_head: LearnedExitHead | None = None,
     split_name: str = "test",
     strategies: Sequence[str] | None = None,
+    device: str = "auto",
 ) -> list[Path]:
     """Re-run every operating point of an early-exit result on the test split and write its submission files to
     `directory/<strategy>_<threshold>/`. The model, data and settings come from the result JSON unless given."""
@@ -237,7 +245,7 @@ def write_submissions_for_results(
     unknown = sorted(set(strategies or ()) - set(results["strategies"]))
     if unknown:
         raise ConfigError(f"--strategy {','.join(unknown)}: the result has only {', '.join(results['strategies'])}")
-    run = TestRun.from_results(results, model, split_name)
+    run = TestRun.from_results(results, model, split_name, device)
     written = []
     for name, entry in results["strategies"].items():
         if strategies is not None and name not in strategies:
@@ -268,6 +276,7 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     add_output(p, "directory that receives one <strategy>_<threshold>/ directory per operating point", metavar="DIR")
     p.add_argument("--strategy", default=None, help="comma list of the result's strategies (default: all of them)")
     p.add_argument("--split", default="test", help="split to predict (default: %(default)s)")
+    add_device(p)
     p.set_defaults(func=main)
     return p
 
@@ -275,15 +284,10 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
 def main(args: argparse.Namespace) -> int:
     """`python -m finetune submission ...`"""
     path = Path(args.results)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file (pass the JSON `finetune early-exit` wrote)")
-    try:
-        results = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not UTF-8 text ({err})") from None
-    except json.JSONDecodeError as err:
-        raise DataError(f"{path}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None
+    results = load_result(path)
     chosen = [s.strip() for s in args.strategy.split(",") if s.strip()] if args.strategy else None
-    written = write_submissions_for_results(results, args.output, split_name=args.split, strategies=chosen)
+    written = write_submissions_for_results(
+        results, args.output, split_name=args.split, strategies=chosen, device=args.device
+    )
     print(f"{path}: wrote {len(written)} submission directories under {args.output}")
     return 0

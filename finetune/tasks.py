@@ -22,11 +22,11 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from common.errors import UserError
+from elasticbert.early_exit import logits_to_predictions  # [N, K] -> class ids, [N, 1] -> values: the one place
 
 SPLITS = ("train", "dev", "test")
 
@@ -416,12 +416,6 @@ def _load_hub(spec: TaskSpec, split: str, hub: str | None) -> list[Example]:
 
 
 # ----------------------------------------------------------------------------------------------------------- metrics
-
-
-def logits_to_predictions(logits: Any) -> Any:
-    """[N, K] logits -> class ids [N]; [N, 1] (regression) -> the value [N]. The one place this is decided; works on
-    numpy arrays and torch tensors alike (argmax returns the first of tied maxima in both)."""
-    return logits[:, 0] if logits.shape[-1] == 1 else logits.argmax(-1)
 
 
 def predictions_from_outputs(task: TaskSpec, preds: Sequence | np.ndarray) -> np.ndarray:

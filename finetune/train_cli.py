@@ -146,6 +146,7 @@ def _optimisation_arguments(g: argparse._ArgumentGroup) -> None:
         help="stop a phase after N evaluations in a row without a better dev score (default: never)",
     )
     option("deepspeed", help="DeepSpeed JSON config (optional)")
+    option("device", help="where the model trains (auto: CUDA when available; a DeepSpeed engine places it itself)")
     option("progress", help="progress bar")
 
 

@@ -46,6 +46,8 @@ from .model import (
     exit_parameters,
     freshly_initialised_exits,
     label_embeddings,
+    model_device,
+    resolve_device,
     set_frozen,
 )
 from .objectives import acl_cl_loss, acl_embed_loss, kd_loss, scl_loss, task_loss
@@ -222,6 +224,8 @@ class Trainer:
         eval_every = self.cfg.eval_every or steps_per_epoch
         bar = tqdm(total=total, desc=f"{self.task.name} {phase.name}", disable=not self.cfg.progress or self.rank)
         for step, batch in enumerate(self.batches(total), start=1):
+            device = model_device(self.model)  # read each step: a DeepSpeed engine places the model itself
+            batch = {key: value.to(device) for key, value in batch.items()}
             stats = self.train_step(phase, step, batch, optimizer, scheduler)
             bar.update(1)
             bar.set_postfix(loss=f"{stats['loss']:.4f}")
@@ -509,11 +513,14 @@ def run_training(cfg: TrainConfig) -> dict:
     cfg.validate(task.num_labels)
     if cfg.deepspeed:
         read_deepspeed_config(cfg.deepspeed)
-    rank0 = resolve_env(export=False).rank == 0
+    env = resolve_env(export=False)
+    device = resolve_device(cfg.device, env.local_rank)  # `--device cuda` without a GPU: refused before any loading
+    rank0 = env.rank == 0
     if rank0:
         check_run_dir(Path(cfg.output), cfg.overwrite)  # before anything is loaded
     set_seed(cfg.seed)  # fresh exit heads are initialised from it
     model, report = build_model(cfg, task)  # first: checkpoint problems surface before data is read
+    model.to(device)
     if rank0:
         print(load_summary(report), file=sys.stderr, flush=True)
     tokenizer_dir = resolve_pretrained(cfg.tokenizer, what="--tokenizer") if cfg.tokenizer else Path(report.source)

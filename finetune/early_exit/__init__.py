@@ -1,12 +1,17 @@
 """Dynamic early exit at inference: which file holds what.
 
-- `rules.py`: the exit rules (entropy, maxprob, patience, PCEE, LTE, static), `make_rule`, `default_sweep`;
-- `engine.py`: `run_batch` (samples leave the batch as their rule fires), `run_dataset`, the full-model reference
-  `run_full_model`, FLOPs per sample;
+The inference core - the rules that need no trained side model (entropy, maxprob, patience, PCEE, static) and the
+batched engine `run_batch` - is `elasticbert.early_exit` (the model's own forward runs it when its config carries an
+early-exit setting); it is re-exported here, with what fine-tuning adds:
+- `rules.py`: the LTE rule, `make_rule` (every rule by name), `default_sweep`, threshold ranges;
+- `engine.py`: `run_dataset` (the engine over a split's batches), the full-model reference `run_full_model`, static
+  FLOPs (and the engine's re-exports);
 - `lte.py`: BERxiT's learned exit head, its features, errors and training;
 - `sweep.py`: operating points, the static curve, `SweepConfig`, `sweep`, the summary table, merging results;
+- `operating_point.py`: choosing one point of a result by a rule (`fastest-within=1.0`, `best`, `entropy=0.2`);
 - `cli.py`: the `early-exit` command.
-Plots are in `finetune.plots`, ELUE scoring in `finetune.elue`, submission files in `finetune.submission`.
+Plots are in `finetune.plots`, ELUE scoring in `finetune.elue`, submission files in `finetune.submission`,
+predictions on users' texts in `finetune.predict` (`EarlyExitClassifier`) and `finetune.predict_cli`.
 """
 
 from .engine import (
@@ -19,8 +24,10 @@ from .engine import (
     static_flops,
 )
 from .lte import LearnedExitHead, exit_errors, exit_features, train_lte_head
+from .operating_point import OperatingPoint, choose_operating_point, load_result
 from .rules import (
     CLASSIFICATION_ONLY,
+    PREDICT_STRATEGIES,
     STRATEGIES,
     EntropyRule,
     ExitRule,
@@ -54,6 +61,7 @@ from .sweep import (
 
 __all__ = [
     "CLASSIFICATION_ONLY",
+    "PREDICT_STRATEGIES",
     "RESULT_FORMAT",
     "STRATEGIES",
     "EarlyExitResult",
@@ -61,6 +69,7 @@ __all__ = [
     "ExitRule",
     "LearnedExitHead",
     "LearnedExitRule",
+    "OperatingPoint",
     "MaxProbRule",
     "PCEERule",
     "PatienceRule",
@@ -69,6 +78,7 @@ __all__ = [
     "Strategy",
     "SweepConfig",
     "add_speedups",
+    "choose_operating_point",
     "default_sweep",
     "entropy_nats",
     "evaluate_point",
@@ -76,6 +86,7 @@ __all__ = [
     "exit_features",
     "exit_histogram",
     "is_early_exit_result",
+    "load_result",
     "make_rule",
     "measure_reference",
     "merge_results",

@@ -18,7 +18,7 @@ from common.io import atomic_write_json
 from elasticbert import ElasticBertForSequenceClassification
 
 from ..data import EncodedSplit, add_data_dir, load_tokenizer, subsample
-from ..model import check_max_length, load_finetuned
+from ..model import add_device, check_max_length, load_finetuned, resolve_device
 from ..plots import plot_pareto
 from ..tasks import TaskSpec, get_task, load_split
 from .lte import LearnedExitHead, train_lte_head
@@ -57,6 +57,7 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     config_argument(p, SweepConfig, "delta", help="PABEE regression: |Δ| below this counts as unchanged")
     config_argument(p, SweepConfig, "repeats", help="timing repeats (the minimum wall time is kept)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    add_device(p)
     add_output(p, "output directory (default runs/early_exit/<task>)", required=False)
     p.add_argument(
         "--merge",
@@ -159,8 +160,9 @@ def main(args: argparse.Namespace) -> int:
     strategies = resolve_strategies(args.strategy, task.num_labels)
     output = Path(args.output or Path("runs") / "early_exit" / task.name.replace("/", "_"))
     sweep_config(args, strategies, None, output)  # option errors surface before the model or any data is read
+    device = resolve_device(args.device)
     model_dir = resolve_pretrained(args.model, what="--model")
-    model = load_finetuned(model_dir, require_trained=True, purpose="early exit")
+    model = load_finetuned(model_dir, require_trained=True, purpose="early exit").to(device)
     if model.config.num_labels != task.num_labels:
         raise ConfigError(
             f"{args.model} has {model.config.num_labels} labels; task {task.name} needs {task.num_labels}"
@@ -173,6 +175,7 @@ def main(args: argparse.Namespace) -> int:
     head, head_path = lte_head_for(args, model, task, output, tokenizer) if "lte" in strategies else (None, None)
     results = sweep(model, split, task, sweep_config(args, strategies, head, output))
     results.update(
+        device=str(device),
         model=str(args.model),
         split=args.split,
         data_dir=None if args.data_dir is None else str(args.data_dir),

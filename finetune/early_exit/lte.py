@@ -73,11 +73,12 @@ def exit_features(
     """Representations [N, E, d] and logits [N, E, K] at every exit (one full forward per batch), in split order."""
 
     def forward(ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = model(ids, attention_mask=mask, token_type_ids=types)
+        out = model(ids, attention_mask=mask, token_type_ids=types, exit_layers=model.exit_layers)
         return torch.stack(out.representations, dim=1).float(), torch.stack(exit_logits(out), dim=1).float()
 
+    batches = split.batches(batch_size, device=model.device)  # length-sorted: little padding
     with torch.no_grad():
-        (reps, logits), _ = forward_in_order(forward, split.batches(batch_size))  # length-sorted: little padding
+        (reps, logits), _ = forward_in_order(forward, batches)  # back on the CPU, where the head is fitted
     return reps, logits
 
 

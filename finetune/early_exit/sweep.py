@@ -216,7 +216,7 @@ def sweep(
 ) -> dict:
     """The static curve, the full-model reference and every strategy's operating points, as one JSON-able dict."""
     config.validate()
-    batches = split.batches(config.batch_size)
+    batches = split.batches(config.batch_size, device=model.device)
     run_full_model(model, batches)  # warm-up: the first pass over each batch shape is slower (allocation, kernels)
     reference = measure_reference(model, split, task, batches, config.repeats)
     static = static_curve(model, split, task, batches, reference, config.repeats)

@@ -434,3 +434,213 @@ def test_interrupt_is_exit_130_without_traceback(tmp_path, glue):
     assert proc.returncode == 130, err[-2000:]
     assert "Traceback" not in err and "finetune: interrupted" in err
     assert not (run / "best").exists()
+
+
+# ------------------------------------------------------------------------------------- predict and save-early-exit
+
+
+def test_malformed_predict_inputs_name_the_file_and_line(tmp_path, capsys, finished):
+    out = tmp_path / "out.jsonl"
+    base = ["predict", "--model", str(finished / "best"), "--no-progress", "--output", str(out)]
+
+    def err(name, content, *extra):
+        path = tmp_path / name
+        path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+        message = error_of(capsys, [*base, "--input", str(path), *extra])
+        assert not out.exists() and not list(tmp_path.glob(".out.jsonl.tmp*"))  # nothing half-written
+        return message, path
+
+    cases = [
+        ("a.jsonl", '{"text": "fine"}\n{"text": "ok"\n', ":2: not valid JSON (Expecting ',' delimiter at column 14)"),
+        ("b.jsonl", '{"text": "fine"}\n[1, 2]\n', ":2: expected a JSON object with a text field, got list"),
+        ("c.jsonl", '{"txt": "x"}\n', ":1: no text field; expected one of text, sentence, text_a, sentence1"),
+        ("d.jsonl", '{"text_b": "x"}\n', ":1: no text field ('text_b' needs its first text)"),
+        ("e.jsonl", '{"text": 5}\n', ":1: field 'text' must be a string, got int"),
+        ("f.jsonl", '{"text": "a", "sentence": "b"}\n', ":1: fields ['text', 'sentence'] each name a text"),
+        ("g.jsonl", '{"text": "  "}\n', ":1: field 'text' is an empty text"),
+        ("h.jsonl", '{"text_a": "a", "text_b": "b"}\n', ":1: a text pair, but the model was fine-tuned on SST-2"),
+        ("i.txt", "good\n\nbad\n", ":2: blank line (one text per line; a blank line is not a text)"),
+        ("j.txt", "\n\n", ": no texts to classify"),
+        ("k.tsv", "label\tcomment\n1\tx\n", ":1: header ['label', 'comment'] names no text column"),
+        ("l.tsv", "sentence\tlabel\nfine\t1\nno tab here\n", ":3: expected 2 tab-separated columns (as the header)"),
+        ("m.tsv", "sentence\tlabel\n\t1\n", ":2: field 'column 1' is an empty text"),
+    ]
+    for name, content, message in cases:
+        got, path = err(name, content)
+        assert f"{path}{message}" in got, (name, got)
+    got, path = err("in.csv", "a,b\n")
+    assert f"{path}: cannot tell its format from the suffix '.csv'; pass --format txt, jsonl or tsv" in got
+    assert "in.csv:1: header ['a,b'] names no text column" in err("in.csv", "a,b\n", "--format", "tsv")[0]
+    # bit rot in a text file; a JSONL file cut short by a crash
+    text = tmp_path / "rot.txt"
+    text.write_text("a fine film\n" * 3 + "a dull one\n" * 3, encoding="utf-8")
+    flip_bytes(text, offset=40, count=2)  # inside line 4
+    assert f"{text}:4: not UTF-8 text" in error_of(capsys, [*base, "--input", str(text)])
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(json.dumps({"id": i, "text": "a fine film"}) + "\n" for i in range(4)), encoding="utf-8")
+    truncate(cut, 0.6)
+    lines = cut.read_text(encoding="utf-8").splitlines()
+    assert f"{cut}:{len(lines)}: not valid JSON" in error_of(capsys, [*base, "--input", str(cut)])
+    assert not out.exists()
+
+
+def test_predict_options_are_checked_before_anything_runs(tmp_path, capsys, finished):
+    texts = tmp_path / "in.txt"
+    texts.write_text("a fine film\n", encoding="utf-8")
+    base = ["predict", "--model", str(finished / "best"), "--input", str(texts), "--no-progress"]
+    cases = [
+        (["--strategy", "entropy"], "strategy 'entropy' needs --threshold"),
+        (["--threshold", "0.3"], "--threshold needs --strategy"),
+        (["--strategy", "entropy", "--threshold", "-1"], "entropy threshold -1: must be an entropy in nats, >= 0"),
+        (["--strategy", "static", "--threshold", "0.2"], "strategy 'static' (the full model) takes no threshold"),
+        (["--strategy", "lte", "--threshold", "0.2"], "strategy 'lte' needs a trained LearnedExitHead"),
+        (["--strategy", "lte", "--threshold", "0.2", "--lte-head", str(tmp_path / "h.st")], "no LTE head file"),
+        (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+        (["--max-length", "4096"], "embeds 1..512 positions"),
+        (["--input", str(tmp_path / "missing.txt")], "--input " + str(tmp_path / "missing.txt") + ": no such file"),
+        (["--operating-point", str(tmp_path / "r.json")], "r.json: no such file"),
+    ]
+    for extra, message in cases:
+        assert message in error_of(capsys, base + extra), extra
+    result = tmp_path / "result.json"
+    result.write_text(
+        json.dumps(
+            {
+                "format": "elasticbert-early-exit/1",
+                "task": "MRPC",
+                "full_model": {"score": 80.0, "mean_flops": 10.0},
+                "strategies": {"entropy": {"points": [{"threshold": 0.2, "score": 79.5, "mean_flops": 5.0}]}},
+            }
+        )
+    )
+    assert "expected fastest-within=D, best" in error_of(capsys, base + ["--operating-point", f"{result}:quick"])
+    assert "--threshold, not both" in error_of(capsys, base + ["--operating-point", str(result), "--threshold", "1"])
+    message = error_of(capsys, base + ["--operating-point", f"{result}:entropy=0.2"])
+    assert "the operating point was measured on MRPC" in message and "fine-tuned on SST-2" in message
+    # an existing --output is kept unless --overwrite
+    out = tmp_path / "out.jsonl"
+    out.write_text("keep me\n")
+    assert "exists; pass --overwrite" in error_of(capsys, base + ["--output", str(out)])
+    assert out.read_text() == "keep me\n"
+    assert main(base + ["--output", str(out), "--overwrite"]) == 0
+    assert json.loads(out.read_text())["exit_layer"] == 1  # this model's one exit
+
+
+def test_save_early_exit_command(tmp_path, capsys, finished):
+    model = tmp_path / "best"
+    shutil.copytree(finished / "best", model)
+    base = ["save-early-exit", "--model", str(model)]
+    assert main(base + ["--strategy", "maxprob", "--threshold", "0.9"]) == 0
+    assert json.loads((model / "config.json").read_text())["early_exit"] == {"strategy": "maxprob", "threshold": 0.9}
+    assert "maxprob" in capsys.readouterr().out
+    texts = tmp_path / "in.txt"
+    texts.write_text("a fine film\n", encoding="utf-8")
+    assert main(["predict", "--model", str(model), "--input", str(texts), "--no-progress"]) == 0
+    assert "the model's saved setting" in capsys.readouterr().err
+    before = (model / "config.json").read_bytes()
+    for extra, message in [
+        (["--strategy", "lte", "--threshold", "0.1"], "LTE needs its head file"),
+        (["--strategy", "maxprob", "--threshold", "2"], "maxprob threshold 2: must be a probability within [0, 1]"),
+        ([], "pass --strategy (with --threshold), --operating-point RESULT.json[:RULE], or --clear"),
+        (["--clear", "--strategy", "entropy"], "--clear removes the setting: pass it alone"),
+        (["--strategy", "patience", "--threshold", "1", "--delta", "-1"], "--delta must be >= 0"),
+    ]:
+        assert message in error_of(capsys, base + extra), extra
+    assert (model / "config.json").read_bytes() == before
+    assert "not a local model directory" in error_of(
+        capsys, ["save-early-exit", "--model", "fnlp/elasticbert-base", "--strategy", "static"]
+    )
+    assert main(base + ["--clear"]) == 0
+    assert "early_exit" not in json.loads((model / "config.json").read_text())
+    # a setting broken by hand is named where the model loads
+    raw = json.loads(before)
+    raw["early_exit"] = {"strategy": "entropy", "threshold": "low"}
+    (model / "config.json").write_text(json.dumps(raw))
+    message = error_of(capsys, ["predict", "--model", str(model), "--input", str(texts)])
+    assert f"{model / 'config.json'}: early_exit: threshold must be a number, got 'low'" in message
+
+
+# ---------------------------------------------------------------------------------------------------- --device
+
+DEVICE_MODULES = (
+    "finetune.trainer",
+    "finetune.evaluation",
+    "finetune.diagnostics",
+    "finetune.early_exit.cli",
+    "finetune.predict_cli",
+    "finetune.submission",
+)
+
+
+def _device_commands(glue: Path, finished: Path, tmp_path: Path) -> dict[str, list[str]]:
+    """One small run of every command that runs a model."""
+    best = str(finished / "best")
+    texts = tmp_path / "in.txt"
+    texts.write_text("a fine film\n", encoding="utf-8")
+    result = tmp_path / "result.json"
+    recorded = {"format": "elasticbert-early-exit/1", "task": "SST-2", "model": best, "data_dir": str(glue)}
+    full = {"score": 50.0, "mean_flops": 1e7}
+    result.write_text(json.dumps({**recorded, "full_model": full, "strategies": {}, "max_length": 32}))
+    data = ["--data-dir", str(glue)]
+    return {
+        "train": train_argv(glue, tmp_path / "run"),
+        "evaluate": ["evaluate", "--model", best, *data, "--output", str(tmp_path / "eval"), "--no-test"],
+        "plot-embeddings": [
+            "plot-embeddings",
+            "--model",
+            best,
+            *data,
+            "--method",
+            "pca",
+            "--output",
+            str(tmp_path / "e.png"),
+        ],
+        "early-exit": [
+            "early-exit",
+            "--model",
+            best,
+            "--task",
+            "SST-2",
+            *data,
+            "--strategy",
+            "entropy",
+            "--sweep",
+            "0.3",
+            "--output",
+            str(tmp_path / "ee"),
+            "--max-length",
+            "32",
+        ],
+        "predict": ["predict", "--model", best, "--input", str(texts), "--no-progress"],
+        "submission": ["submission", "--results", str(result), "--output", str(tmp_path / "sub")],
+    }
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+def test_device_cuda_without_cuda_is_refused_by_every_command(tmp_path, capsys, glue, finished):
+    for name, argv in _device_commands(glue, finished, tmp_path).items():
+        message = error_of(capsys, [*argv, "--device", "cuda"])
+        assert "--device cuda: no CUDA device is available" in message and "--device cpu" in message, name
+    assert not (tmp_path / "run").exists()  # train refused it before making the run directory
+
+
+def test_the_device_option_reaches_every_command(tmp_path, capsys, glue, finished, monkeypatch):
+    """Each command resolves the device it is given and runs there (a stand-in resolver maps `cuda` to the CPU, so
+    that the path a GPU takes - model moved, batches to the model's device, outputs back - runs on any machine)."""
+    import importlib
+
+    import torch
+
+    asked = []
+
+    def resolver(name, local_rank=0):
+        asked.append(name)
+        return torch.device("cpu")
+
+    for module in DEVICE_MODULES + ("finetune.predict",):
+        monkeypatch.setattr(importlib.import_module(module), "resolve_device", resolver)
+    for name, argv in _device_commands(glue, finished, tmp_path).items():
+        asked.clear()
+        code = main([*argv, "--device", "cuda"])
+        assert code == 0, (name, capsys.readouterr().err[-2000:])
+        assert asked and asked[0] == "cuda", name

@@ -1,17 +1,22 @@
 """Fixtures: MiniLM (real weights) with an exit at every layer, real GLUE rows, and random exit heads centred and
 scaled on those rows so that confidences differ from sample to sample (untrained heads are nearly constant)."""
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
 from elasticbert import ElasticBertForSequenceClassification, load_pretrained, minilm_dir
+from elasticbert.early_exit import entropy_nats
 from finetune.data import EncodedSplit, load_tokenizer
+from finetune.model import exit_logits
 from finetune.tasks import get_task, load_split
 
 GLUE = Path(__file__).resolve().parents[3] / "shared" / "data" / "glue"
 EXITS = [1, 2, 3, 4, 5, 6]
+SMALL_ROWS = {"train": 49, "dev": 17, "test": 9}  # header + rows of `small_glue`'s SST-2 files
 
 
 def pytest_collection_modifyitems(config, items):
@@ -95,3 +100,66 @@ def regressor(stsb_dev):
 @pytest.fixture(scope="session")
 def mha_classifier(sst2_dev):
     return _model(2, sst2_dev, exit_type="mha", seed=2)
+
+
+@pytest.fixture(scope="session")
+def small_glue_rows():
+    """Lines (header included) of each of `small_glue`'s SST-2 files."""
+    return dict(SMALL_ROWS)
+
+
+@pytest.fixture(scope="session")
+def small_glue(glue_dir, tmp_path_factory):
+    """A GLUE root holding the first rows of SST-2's train, dev and test files."""
+    root = tmp_path_factory.mktemp("glue")
+    (root / "SST-2").mkdir()
+    for split, n in SMALL_ROWS.items():
+        lines = (glue_dir / "SST-2" / f"{split}.tsv").read_text(encoding="utf-8").splitlines()[:n]
+        (root / "SST-2" / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+def _save_classifier(model, directory, **config):
+    """`model` saved as `finetune train` saves a run's best/ (tokenizer files, `trained_exits`, `config` fields)."""
+    model.save_pretrained(directory)
+    raw = json.loads((directory / "config.json").read_text())
+    raw.update(trained_exits=list(model.exit_layers), **config)
+    (directory / "config.json").write_text(json.dumps(raw))
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(minilm_dir() / name, directory / name)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def saved_model(classifier, tmp_path_factory):
+    """The spread random heads stand in for fine-tuned ones: the checkpoint records them as trained, as
+    `finetune train` does (a classifier saved with no such record is refused as never fine-tuned)."""
+    return _save_classifier(classifier, tmp_path_factory.mktemp("model"), finetuning_task="SST-2")
+
+
+@pytest.fixture(scope="session")
+def save_classifier():
+    """`save_classifier(model, directory, **config_fields)`: a model saved as `finetune train` saves RUN/best."""
+    return _save_classifier
+
+
+@pytest.fixture(scope="session")
+def dev_texts(small_glue):
+    """The sentences of `small_glue`'s SST-2 dev rows, in file order."""
+    lines = (small_glue / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    return [line.split("\t")[0] for line in lines]
+
+
+@pytest.fixture(scope="session")
+def entropy_tau(classifier, tokenizer, dev_texts):
+    """An entropy threshold (4 decimals) in the widest gap of the inner exits' entropies on the small dev rows, so
+    that samples leave at several exits and float noise between batchings cannot flip a decision."""
+    enc = tokenizer(dev_texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        inner = exit_logits(classifier(**enc))[:-1]
+    values = torch.sort(torch.cat([entropy_nats(lg) for lg in inner])).values
+    lo, hi = len(values) // 4, 3 * len(values) // 4
+    gaps = values[lo + 1 : hi + 1] - values[lo:hi]
+    i = int(gaps.argmax())
+    assert gaps[i] > 1e-3, "no usable gap between the observed entropies"
+    return round(float((values[lo + i] + values[lo + i + 1]) / 2), 4)

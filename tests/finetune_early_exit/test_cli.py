@@ -2,7 +2,6 @@
 tmp_path); the renamed options parse."""
 
 import json
-import shutil
 
 import pytest
 
@@ -12,38 +11,13 @@ from finetune import early_exit
 from finetune.__main__ import build_parser
 from finetune.early_exit import SweepConfig
 
-ROWS = {"train": 49, "dev": 17, "test": 9}  # header + rows
-
-
-@pytest.fixture(scope="module")
-def saved_model(classifier, tmp_path_factory):
-    """The spread random heads stand in for fine-tuned ones: the checkpoint records them as trained, as
-    `finetune train` does (a classifier saved with no such record is refused as never fine-tuned)."""
-    directory = tmp_path_factory.mktemp("model")
-    classifier.save_pretrained(directory)
-    config = json.loads((directory / "config.json").read_text())
-    config.update(finetuning_task="SST-2", trained_exits=list(classifier.exit_layers))
-    (directory / "config.json").write_text(json.dumps(config))
-    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(minilm_dir() / name, directory / name)
-    return directory
-
-
-@pytest.fixture(scope="module")
-def small_glue(glue_dir, tmp_path_factory):
-    root = tmp_path_factory.mktemp("glue")
-    (root / "SST-2").mkdir()
-    for split, n in ROWS.items():
-        lines = (glue_dir / "SST-2" / f"{split}.tsv").read_text(encoding="utf-8").splitlines()[:n]
-        (root / "SST-2" / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return root
-
 
 def _parser():
     return build_parser()
 
 
-def test_early_exit_then_elue_score_and_submission(saved_model, small_glue, tmp_path, capsys):
+def test_early_exit_then_elue_score_and_submission(saved_model, small_glue, small_glue_rows, tmp_path, capsys):
+    rows = small_glue_rows
     out = tmp_path / "run"
     common = ["--model", str(saved_model), "--task", "SST-2", "--data-dir", str(small_glue), "--output", str(out)]
     runs = [["lte", "--sweep", "0.3,0.6"], ["patience", "--sweep", "0,5"], ["entropy,maxprob,pcee"]]
@@ -61,12 +35,12 @@ def test_early_exit_then_elue_score_and_submission(saved_model, small_glue, tmp_
     assert results["full_model"]["score"] == results["static"][-1]["score"]
     for entry in results["strategies"].values():
         for point in entry["points"]:
-            assert sum(point["exit_histogram"].values()) == ROWS["dev"] - 1
+            assert sum(point["exit_histogram"].values()) == rows["dev"] - 1
             assert point["flops_speedup"] > 0.99 and point["wall_time_s"] > 0  # < 1: all heads ran, none exited
     assert (out / "lte_head_SST-2.safetensors").is_file()
     samples = (out / "samples" / "patience_5.tsv").read_text().splitlines()
     assert samples[0].split("\t") == ["index", "prediction", "label", "exit_layer", "length", "flops", "exits_run"]
-    assert len(samples) == ROWS["dev"]
+    assert len(samples) == rows["dev"]
 
     report_path = tmp_path / "elue.json"
     run_json = str(stem.with_suffix(".json"))
@@ -98,21 +72,21 @@ def test_early_exit_then_elue_score_and_submission(saved_model, small_glue, tmp_
     files = sorted(p.name for p in (sub_dir / "patience_0").iterdir())
     assert files == ["SST-2.tsv", "SST-2_exit_layer.tsv", "SST-2_modules.tsv", "model.py", "submission.json"]
     predictions = (sub_dir / "patience_0" / "SST-2.tsv").read_text().splitlines()
-    assert predictions[0] == "index\tprediction" and len(predictions) == ROWS["test"]
+    assert predictions[0] == "index\tprediction" and len(predictions) == rows["test"]
     assert all(line.split("\t")[1] in ("0", "1") for line in predictions[1:])
     exits = (sub_dir / "patience_0" / "SST-2_exit_layer.tsv").read_text().splitlines()
     assert exits[0] == "index\texit_layer\tlength\tflops"
     assert {line.split("\t")[1] for line in exits[1:]} == {"1"}  # patience 0 exits at the first exit
     lengths = {line.split("\t")[0]: line.split("\t")[2] for line in exits[1:]}
     modules = (sub_dir / "patience_0" / "SST-2_modules.tsv").read_text().splitlines()
-    assert modules[0] == "index\tmodules" and len(modules) == ROWS["test"]
+    assert modules[0] == "index\tmodules" and len(modules) == rows["test"]
     for line in modules[1:]:  # ELUE's trace: (L),emb; (L,H),layer_1; (H),exit_1 with the sample's real length
         index, trace = line.split("\t")
         length = lengths[index]
         assert trace == f"({length}),emb; ({length},384),layer_1; (384),exit_1"
     meta = json.loads((sub_dir / "patience_5" / "submission.json").read_text())["SST-2"]
-    assert meta["strategy"] == "patience" and meta["test_exit_histogram"]["6"] == ROWS["test"] - 1
-    assert meta["split"] == "test" and meta["num_samples"] == ROWS["test"] - 1
+    assert meta["strategy"] == "patience" and meta["test_exit_histogram"]["6"] == rows["test"] - 1
+    assert meta["split"] == "test" and meta["num_samples"] == rows["test"] - 1
 
     # the LTE points of the merged result keep their head: all strategies write their files
     every = tmp_path / "every"

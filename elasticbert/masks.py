@@ -1,0 +1,12 @@
+"""The padding mask in the form scaled-dot-product attention takes; shared by the model and the early-exit engine."""
+
+from __future__ import annotations
+
+import torch
+
+
+def attention_mask_for_sdpa(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """[B, T] 1/0 padding mask -> [B, 1, 1, T] boolean mask for SDPA (True = attend); None when nothing is padded."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    return attention_mask[:, None, None, :].bool()

@@ -1,0 +1,296 @@
+"""Predictions with early exiting from Python: a fine-tuned multi-exit model plus an exit rule.
+
+```python
+from finetune.predict import EarlyExitClassifier
+
+classifier = EarlyExitClassifier.from_pretrained("runs/sst2/best", strategy="entropy", threshold=0.5545)
+classifier.predict(["it 's a charming and often affecting journey . "])  # a pair: ("premise", "hypothesis")
+# [{"label": "1", "probabilities": {"0": 0.0364, "1": 0.9636}, "exit_layer": 1, "flops": 43560416, "tokens": 12}]
+```
+
+Each prediction: `label` (the config's `id2label` name) and `probabilities` (softmax of the exit's logits, by label
+name) - for a regression model `value` instead -, `exit_layer` (the 1-based layer whose exit answered), `flops`
+(ELUE conventions, `elasticbert.flops`: the sample's real length, its exit and every exit head it ran, plus the LTE
+head's calls) and `tokens` (its length; inputs are cut to `max_length` tokens as in training); `id` when the input
+carried one. Inputs go through the early-exit engine in length-sorted batches (samples leave a batch as they exit)
+and come back in input order: the same batches, rule and engine as `finetune early-exit`, so the predictions equal
+its per-sample records on the same rows.
+
+The rule: `strategy`/`threshold` (entropy, maxprob, patience, pcee, lte with `lte_head`, or static = the full model),
+or `operating_point="RESULT.json:fastest-within=1.0"` (see `early_exit.operating_point`), else the setting saved in
+the model's config (`elasticbert.save_early_exit`; what `pipeline("text-classification")` runs), else the full
+model. The `predict` command (`predict_cli.py`) is this class on files and stdin.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from common.errors import ConfigError
+from common.hub import resolve_pretrained
+from elasticbert import EarlyExitSetting, ElasticBertForSequenceClassification
+from elasticbert.loading import read_config
+
+from .config import TrainConfig
+from .data import EncodedSplit, load_tokenizer
+from .early_exit.engine import EarlyExitResult, per_sample_flops, run_dataset
+from .early_exit.lte import LearnedExitHead
+from .early_exit.operating_point import OperatingPoint, choose_operating_point
+from .early_exit.rules import PREDICT_STRATEGIES, check_strategy, make_rule, threshold_problem
+from .inputs import TextInput
+from .model import check_max_length, load_finetuned, model_device, resolve_device
+from .tasks import DataError, Example, TaskSpec, get_task
+
+Input = str | tuple[str, str] | list[str] | TextInput
+
+
+class EarlyExitClassifier:
+    """A fine-tuned multi-exit classifier with an exit rule: predictions with their exit layer and FLOPs."""
+
+    def __init__(
+        self,
+        model: ElasticBertForSequenceClassification,
+        tokenizer: object,
+        strategy: str = "static",
+        threshold: float | None = None,
+        *,
+        patience: int = 2,
+        delta: float = 0.1,
+        lte_head: LearnedExitHead | None = None,
+        max_length: int = 128,
+        batch_size: int = 32,
+        task: TaskSpec | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.rule = make_rule(strategy, threshold, model.config.num_labels, patience, delta, lte_head=lte_head)
+        self.strategy, self.threshold, self.patience, self.delta = strategy, threshold, patience, delta
+        self.lte_dim = lte_head.linear.in_features if strategy == "lte" and lte_head is not None else 0
+        self.max_length, self.batch_size, self.task = max_length, batch_size, task
+        self.description = _describe(self.setting)
+        check_max_length(model, max_length, getattr(model, "name_or_path", "model"))
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        strategy: str | None = None,
+        threshold: float | None = None,
+        *,
+        patience: int | None = None,
+        delta: float | None = None,
+        lte_head: str | Path | LearnedExitHead | None = None,
+        operating_point: str | OperatingPoint | None = None,
+        max_length: int | None = None,
+        batch_size: int = 32,
+        device: str = "auto",
+    ) -> EarlyExitClassifier:
+        """A fine-tuned model directory (RUN/best) or hub name, with the rule chosen as the module docstring says;
+        `max_length` defaults to the operating point's, else the training run's (RUN/run_config.json), else 128."""
+        place = resolve_device(device)
+        directory = resolve_pretrained(path, what="--model")
+        point = _operating_point(operating_point, strategy, threshold)
+        setting = _setting(directory, point, strategy, threshold, patience, delta)
+        recorded_head = setting.pop("lte_head", None)
+        head = lte_head if lte_head is not None else recorded_head
+        if setting["strategy"] == "lte" and head is None:
+            raise ConfigError("strategy 'lte' needs a trained LearnedExitHead (--lte-head FILE, or the sweep's)")
+        if isinstance(head, str | Path):
+            head = LearnedExitHead.load(head)
+        model = _load(directory, full_model_only=setting["strategy"] == "static").to(place)
+        task = _task_of(model, point, directory)
+        length = max_length or (point.max_length if point else None) or _trained_length(directory)
+        classifier = cls(
+            model,
+            load_tokenizer(directory),
+            **setting,
+            lte_head=head,
+            max_length=length,
+            batch_size=batch_size,
+            task=task,
+        )
+        classifier.description = _describe(classifier.setting, point, strategy, threshold)
+        return classifier
+
+    @property
+    def setting(self) -> dict:
+        """The rule this classifier runs (strategy, threshold and the parameter the rule reads)."""
+        out: dict = {"strategy": self.strategy, "threshold": self.threshold}
+        if self.strategy == "pcee":
+            out["patience"] = self.patience
+        if self.strategy == "patience":
+            out["delta"] = self.delta
+        return out
+
+    @property
+    def device(self) -> torch.device:
+        return model_device(self.model)
+
+    def predict(self, texts: Sequence[Input], batch_size: int | None = None) -> list[dict]:
+        """One prediction per text (a string) or pair (two strings), in input order (see the module docstring)."""
+        inputs = [_as_input(text, i) for i, text in enumerate(texts)]
+        previous, self.batch_size = self.batch_size, batch_size or self.batch_size
+        try:
+            return self.predict_inputs(inputs)
+        finally:
+            self.batch_size = previous
+
+    def predict_inputs(self, inputs: Sequence[TextInput], progress: Callable[[int], None] | None = None) -> list[dict]:
+        """`predict` on parsed inputs; `progress(n)` after each batch of n. Single texts and pairs are batched
+        apart (a batch is one or the other)."""
+        self._check_kinds(inputs)
+        records: list[dict | None] = [None] * len(inputs)
+        for pairs in (False, True):
+            positions = [i for i, item in enumerate(inputs) if (item.text_b is not None) == pairs]
+            if not positions:
+                continue
+            examples = [Example(inputs[i].text_a, inputs[i].text_b, None, i) for i in positions]
+            split = EncodedSplit.from_examples(self.tokenizer, examples, self.max_length)
+            batches = split.batches(self.batch_size, device=self.device)
+            result, _ = run_dataset(self.model, batches, self.rule, progress=progress)
+            flops, _ = per_sample_flops(self.model.config, result, self.lte_dim)
+            for row, i in enumerate(positions):
+                records[i] = self._record(result, row, float(flops[row]), inputs[i].id)
+        return records
+
+    def _record(self, result: EarlyExitResult, row: int, flops: float, ident: object) -> dict:
+        logits = result.logits[row]
+        if self.model.config.num_labels == 1:
+            record: dict = {"value": float(logits[0])}
+        else:
+            names = self.model.config.id2label
+            probabilities = torch.softmax(logits.double(), dim=-1).tolist()
+            record = {
+                "label": names[int(logits.argmax())],
+                "probabilities": {names[k]: p for k, p in enumerate(probabilities)},
+            }
+        record.update(exit_layer=int(result.exit_layers[row]), flops=round(flops), tokens=int(result.lengths[row]))
+        if ident is not None:
+            record = {"id": ident, **record}
+        return record
+
+    def _check_kinds(self, inputs: Sequence[TextInput]) -> None:
+        """A pair for a single-text task (or the reverse) is a mistake the model cannot notice: refused."""
+        if self.task is None:
+            return
+        wrong = next((item for item in inputs if (item.text_b is not None) != self.task.is_pair), None)
+        if wrong is not None:
+            given, wanted = ("a text pair", "single texts") if wrong.text_b is not None else ("a single text", "pairs")
+            raise DataError(f"{wrong.where}: {given}, but the model was fine-tuned on {self.task.name} ({wanted})")
+
+
+def _describe(
+    setting: dict,
+    point: OperatingPoint | None = None,
+    strategy: str | None = None,
+    threshold: float | None = None,
+) -> str:
+    """Which rule runs, and where it came from (for the log)."""
+    if point is not None:
+        return point.describe()
+    rule = "static (the full model)" if setting["strategy"] == "static" else json.dumps(setting)
+    if strategy is None and threshold is None:
+        return f"{rule}, the model's saved setting" if setting["strategy"] != "static" else rule
+    return rule
+
+
+def _as_input(text: Input, i: int) -> TextInput:
+    where = f"input {i}"
+    if isinstance(text, TextInput):
+        return text
+    if isinstance(text, str):
+        parts = [text]
+    elif isinstance(text, tuple | list) and len(text) == 2 and all(isinstance(t, str) for t in text):
+        parts = list(text)
+    else:
+        raise DataError(f"{where}: expected a text or a pair of texts, got {type(text).__name__} {text!r:.60}")
+    if not all(part.strip() for part in parts):
+        raise DataError(f"{where}: an empty text")
+    return TextInput(parts[0], parts[1] if len(parts) == 2 else None, where)
+
+
+def _operating_point(
+    point: str | OperatingPoint | None, strategy: str | None, threshold: float | None
+) -> OperatingPoint | None:
+    if point is None:
+        return None
+    if threshold is not None:
+        raise ConfigError("--operating-point chooses the threshold: pass it or --threshold, not both")
+    return point if isinstance(point, OperatingPoint) else choose_operating_point(point, strategy)
+
+
+def _setting(
+    directory: Path,
+    point: OperatingPoint | None,
+    strategy: str | None,
+    threshold: float | None,
+    patience: int | None,
+    delta: float | None,
+) -> dict:
+    """The rule's keyword arguments: the operating point's, else the given strategy's, else the config's saved
+    setting, else the full model; `patience` / `delta` override."""
+    if point is not None:
+        base = {"strategy": point.strategy, "threshold": point.threshold, "patience": point.patience}
+        base.update(delta=point.delta, lte_head=point.lte_head)
+    elif strategy is not None:
+        base = {"strategy": strategy, "threshold": threshold}
+    elif threshold is not None:
+        raise ConfigError("--threshold needs --strategy (each strategy has its own threshold scale)")
+    else:
+        saved = read_config(directory).get("early_exit") or {"strategy": "static"}
+        base = asdict(EarlyExitSetting.from_dict(saved, source=f"{directory / 'config.json'}: early_exit"))
+    if base["strategy"] == "static":
+        if base.get("threshold") is not None:
+            raise ConfigError("strategy 'static' (the full model) takes no threshold")
+    elif base.get("threshold") is None:
+        raise ConfigError(f"strategy {base['strategy']!r} needs --threshold (or --operating-point RESULT.json:RULE)")
+    for key, value in (("patience", patience), ("delta", delta)):
+        if value is not None:
+            base[key] = value
+    check_strategy(base["strategy"], 2, PREDICT_STRATEGIES)  # the model-dependent checks follow once it loads
+    if base["threshold"] is not None and (problem := threshold_problem(base["strategy"], base["threshold"])):
+        raise ConfigError(problem)
+    return base
+
+
+def _load(directory: Path, full_model_only: bool) -> ElasticBertForSequenceClassification:
+    """The fine-tuned model; every exit must be trained unless only the last one runs (the full model)."""
+    if not full_model_only:
+        return load_finetuned(directory, require_trained=True, purpose="early exit")
+    last = max(read_config(directory).get("exit_layers") or [0]) or None
+    return load_finetuned(directory, require_trained=[last] if last else True, purpose="the full model")
+
+
+def _task_of(
+    model: ElasticBertForSequenceClassification, point: OperatingPoint | None, directory: Path
+) -> TaskSpec | None:
+    """The task the model was fine-tuned on, when it names one this project knows (None otherwise)."""
+    name = getattr(model.config, "finetuning_task", None)
+    try:
+        task = get_task(name) if name else None
+    except DataError:
+        task = None
+    if point is not None and point.task and task is not None and get_task(point.task).name != task.name:
+        raise ConfigError(f"the operating point was measured on {point.task}; {directory} was fine-tuned on {name}")
+    if point is not None and point.model and Path(point.model).resolve() != Path(directory).resolve():
+        print(
+            f"finetune: note: the operating point was measured on {point.model}, predictions use {directory}",
+            file=sys.stderr,
+            flush=True,
+        )
+    if task is not None and task.num_labels != model.config.num_labels:
+        return None
+    return task
+
+
+def _trained_length(directory: Path) -> int:
+    """The training run's --max-length (RUN/run_config.json beside RUN/best), else 128."""
+    run_config = directory.parent / "run_config.json"
+    return TrainConfig.load(run_config).max_length if run_config.is_file() else 128

@@ -1,0 +1,266 @@
+"""`python -m finetune predict` (classify texts with early exiting) and `save-early-exit` (store an operating point in
+a model's config, for `transformers.pipeline`).
+
+predict reads a file (txt, JSONL or TSV; see `inputs.py`) or stdin and writes one JSON line per input, in input
+order: `label`, `probabilities`, `exit_layer`, `flops`, `tokens` (see `predict.py`). A file is read and checked
+whole, then classified in length-sorted batches with a progress bar; stdin is streamed: lines are classified in
+small batches as they arrive and each answer is written (and flushed) at once. `--output FILE` is written atomically
+(nothing is left on an error) and never replaces an existing file without `--overwrite`. A summary (inputs/s, exit
+histogram, mean FLOPs against the full model's) goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Literal, TextIO
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from common.cli import add_output, config_argument
+from common.errors import ConfigError
+from common.io import atomic_path
+from elasticbert import save_early_exit
+from elasticbert.flops import sample_flops
+
+from .early_exit.operating_point import choose_operating_point
+from .early_exit.rules import PREDICT_STRATEGIES
+from .inputs import STDIN, InputFormat, LineParser, TextInput, arriving_batches, read_inputs, resolve_format
+from .model import add_device, resolve_device
+from .predict import EarlyExitClassifier
+
+PredictStrategy = Literal["entropy", "maxprob", "patience", "pcee", "lte", "static"]
+CHUNK = 4096  # inputs of a file classified (and written) at a time: length-sorted within, memory bounded
+
+
+@dataclass
+class PredictConfig:
+    """The `predict` options' defaults and choices (the rule's are `EarlyExitClassifier.from_pretrained`'s)."""
+
+    input: str = "-"
+    format: InputFormat = "auto"
+    strategy: PredictStrategy | None = None
+    threshold: float | None = None
+    operating_point: str | None = None
+    patience: int | None = None
+    delta: float | None = None
+    lte_head: str | None = None
+    batch_size: int = 32
+    max_length: int | None = None
+    threads: int | None = None
+    progress: bool = True
+    overwrite: bool = False
+
+
+EPILOG = """examples:
+  python -m finetune predict --model runs/sst2/best --strategy entropy --threshold 0.2 --input reviews.txt \\
+      --output predictions.jsonl
+  python -m finetune predict --model runs/sst2/best \\
+      --operating-point runs/ee/early_exit_SST-2_dev_bs32.json:fastest-within=1.0 < reviews.txt
+  python -m finetune save-early-exit --model runs/sst2/best --operating-point runs/ee/early_exit_SST-2_dev_bs32.json
+"""
+
+
+def add_subparser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "predict",
+        help="classify texts or pairs from a file or stdin with early exiting: JSONL with label, exit layer, FLOPs",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", required=True, help="fine-tuned model directory (RUN/best) or hub name")
+    option = partial(config_argument, p, PredictConfig)
+    option("input", help="txt, JSONL or TSV file, or - for stdin (streamed)")
+    option("format", help="input format (auto: from the file's suffix; stdin: txt)")
+    add_output(p, "JSONL file (default: stdout)", required=False)
+    option("overwrite", help="replace an existing --output file")
+    _rule_arguments(p)
+    option("batch_size", help="inputs per batch (stdin: at most; batches close as lines stop arriving)")
+    option("max_length", help="tokens per input (default: the operating point's, else the training run's, else 128)")
+    add_device(p)
+    option("threads", help="torch intra-op threads")
+    option("progress", help="progress bar for files (stderr)")
+    p.set_defaults(func=main)
+
+    p = subparsers.add_parser(
+        "save-early-exit",
+        help="store an early-exit setting in a model's config.json: its forward (and pipelines) then exit early",
+        description="Write the rule into MODEL/config.json (`config.early_exit`, atomically; --clear removes it), so "
+        "that `transformers.pipeline('text-classification', model=MODEL)` and the model's own forward in eval mode "
+        "exit early. The rules a config can carry are those that need no side model (not lte).",
+    )
+    p.add_argument("--model", required=True, help="a local fine-tuned model directory (RUN/best)")
+    _rule_arguments(p, lte=False)
+    p.add_argument("--clear", action="store_true", help="remove the setting (every exit runs again)")
+    p.set_defaults(func=save_main)
+
+
+def _rule_arguments(p: argparse.ArgumentParser, lte: bool = True) -> None:
+    option = partial(config_argument, p, PredictConfig)
+    option("strategy", help="exit rule (static: the full model; default: the model's saved setting, else static)")
+    option("threshold", help="the rule's threshold τ (patience: k exits)")
+    option(
+        "operating_point",
+        metavar="RESULT.json[:RULE]",
+        help="a point of an early-exit sweep: fastest-within=D (default, D=1.0), best, or STRATEGY=THRESHOLD",
+    )
+    option("patience", help="PCEE: consecutive confident exits needed (default: the point's, else 2)")
+    option("delta", help="PABEE on regression: |Δ| below this counts as unchanged (default: the point's, else 0.1)")
+    if lte:
+        option("lte_head", help="LTE head file for --strategy lte (default: the operating point's)")
+
+
+def option_problems(args: argparse.Namespace) -> list[str]:
+    """The numeric options outside their ranges, checked before anything loads."""
+    lows = {"batch_size": 1, "max_length": 1, "threads": 1, "patience": 0, "delta": 0}
+    return [
+        f"--{name.replace('_', '-')} must be >= {low}, got {value}"
+        for name, low in lows.items()
+        if (value := getattr(args, name, None)) is not None and value < low
+    ]
+
+
+class Tally:
+    """What the summary needs of every prediction (kept as numbers, not records: stdin may stream for long)."""
+
+    def __init__(self) -> None:
+        self.layers: list[int] = []
+        self.flops: list[float] = []
+        self.tokens: list[int] = []
+
+    def add(self, records: list[dict]) -> None:
+        for record in records:
+            self.layers.append(record["exit_layer"])
+            self.flops.append(record["flops"])
+            self.tokens.append(record["tokens"])
+
+    def summary(self, seconds: float, classifier: EarlyExitClassifier) -> str:
+        """Inputs/s, the exit histogram, mean FLOPs against the full model's (last exit only) on the same inputs."""
+        model, n = classifier.model, len(self.layers)
+        last = model.exit_layers[-1]
+        full = np.mean([sample_flops(model.config, tokens, last).total for tokens in self.tokens])
+        mean = float(np.mean(self.flops))
+        histogram = {layer: self.layers.count(layer) for layer in model.exit_layers}
+        cut = sum(tokens >= classifier.max_length for tokens in self.tokens)
+        return (
+            f"predict: {n} inputs in {seconds:.2f} s ({n / max(seconds, 1e-9):.1f} inputs/s); exits {histogram}; "
+            f"mean FLOPs {mean / 1e9:.4g} G (full model {full / 1e9:.4g} G: x{full / mean:.2f} fewer); "
+            f"{cut} inputs reached --max-length {classifier.max_length} (longer ones are cut)"
+        )
+
+
+def main(args: argparse.Namespace) -> int:
+    """`python -m finetune predict ...`"""
+    problems = option_problems(args)
+    if problems:
+        raise ConfigError(problems)
+    fmt = resolve_format(args.input, args.format)
+    if args.input != "-" and not Path(args.input).is_file():
+        raise ConfigError(f"--input {args.input}: no such file")
+    if args.output and Path(args.output).exists() and not args.overwrite:
+        raise ConfigError(f"--output {args.output} exists; pass --overwrite to replace it")
+    device = resolve_device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    classifier = EarlyExitClassifier.from_pretrained(
+        args.model,
+        args.strategy,
+        args.threshold,
+        patience=args.patience,
+        delta=args.delta,
+        lte_head=args.lte_head,
+        operating_point=args.operating_point,
+        max_length=args.max_length,
+        batch_size=args.batch_size,
+        device=str(device),
+    )
+    print(f"predict: {args.model} on {device}; rule: {classifier.description}", file=sys.stderr, flush=True)
+    columns = classifier.task.text_columns if classifier.task is not None else None
+    tally, start = Tally(), time.perf_counter()
+    try:
+        with output_stream(args.output) as out:
+            if args.input == "-":
+                parser = LineParser(fmt, STDIN, columns)
+                for batch in arriving_batches(sys.stdin.buffer, parser, args.batch_size):
+                    tally.add(_write(out, batch, classifier))
+            else:
+                _predict_file(classifier, read_inputs(args.input, fmt, columns), out, tally, args.progress)
+    except BrokenPipeError:  # the reader of stdout went away (`| head`): nothing more to say
+        sys.stdout = None
+        return 0
+    print(tally.summary(time.perf_counter() - start, classifier), file=sys.stderr)
+    return 0
+
+
+def _predict_file(
+    classifier: EarlyExitClassifier, inputs: list[TextInput], out: TextIO, tally: Tally, progress: bool
+) -> None:
+    """A file's inputs, `CHUNK` at a time, with a progress bar."""
+    with tqdm(total=len(inputs), unit="text", desc="predict", disable=not progress, file=sys.stderr) as bar:
+        for start in range(0, len(inputs), CHUNK):
+            tally.add(_write(out, inputs[start : start + CHUNK], classifier, bar.update))
+
+
+def _write(
+    out: TextIO, inputs: list[TextInput], classifier: EarlyExitClassifier, progress: Callable | None = None
+) -> list[dict]:
+    """Classify `inputs` and write their lines (flushed: a stream's reader sees each answer at once)."""
+    records = classifier.predict_inputs(inputs, progress)
+    out.write("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
+    out.flush()
+    return records
+
+
+@contextlib.contextmanager
+def output_stream(path: str | None) -> Iterator[TextIO]:
+    """stdout, or `path` written under a temporary name and renamed when everything is in (nothing on an error)."""
+    if path is None:
+        yield sys.stdout
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+        yield handle
+
+
+def save_main(args: argparse.Namespace) -> int:
+    """`python -m finetune save-early-exit ...`"""
+    problems = option_problems(args)
+    if problems:
+        raise ConfigError(problems)
+    if args.clear:
+        if args.strategy or args.threshold is not None or args.operating_point:
+            raise ConfigError("--clear removes the setting: pass it alone")
+        save_early_exit(args.model, None)
+        print(f"{args.model}: early-exit setting removed (every exit runs)")
+        return 0
+    if args.operating_point:
+        if args.threshold is not None:
+            raise ConfigError("--operating-point chooses the threshold: pass it or --threshold, not both")
+        point = choose_operating_point(args.operating_point, args.strategy)
+        print(f"operating point: {point.describe()}", file=sys.stderr)
+        strategy, threshold, patience, delta = point.strategy, point.threshold, point.patience, point.delta
+    elif args.strategy:
+        strategy, threshold, patience, delta = args.strategy, args.threshold, 2, 0.1
+    else:
+        raise ConfigError("pass --strategy (with --threshold), --operating-point RESULT.json[:RULE], or --clear")
+    if strategy == "lte":
+        raise ConfigError(
+            "a config can carry only the rules that need no side model ("
+            + ", ".join(s for s in PREDICT_STRATEGIES if s != "lte")
+            + "); LTE needs its head file: use predict --strategy lte --lte-head FILE"
+        )
+    patience = args.patience if args.patience is not None else patience
+    delta = args.delta if args.delta is not None else delta
+    setting = save_early_exit(args.model, strategy, threshold, patience=patience, delta=delta)
+    print(f"{Path(args.model) / 'config.json'}: early_exit = {json.dumps(setting)}")
+    return 0
