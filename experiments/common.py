@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -36,6 +37,14 @@ def run_cli(module: str, args: list[str], log: Path, threads: int = 1, env: dict
         lines = log.read_text(errors="replace").splitlines()[-30:]
         raise RuntimeError(f"{module} {' '.join(map(str, args))} failed (exit {code}); {log}:\n" + "\n".join(lines))
     return time.perf_counter() - start
+
+
+def cpu_seconds() -> float:
+    """User + system CPU time of this process and of its finished children (the budget is stated in CPU time: on
+    a shared machine wall time depends on everyone else's load)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def write_json(path: Path, data: object) -> None:

@@ -48,6 +48,11 @@ def test_acl_ladder_smoke(ladder):
     assert {(r["task"], r["rung"], r["seed"]) for r in results["runs"]} == expected
     for run in results["runs"]:
         assert run["status"] == "ok", run
+        # every hyper-parameter is explicit (the trainer's defaults are not relied on); one dev evaluation per stage
+        for flag in ("--lambda 0.02", "--tau 0.5", "--contrastive-reduction sum", "--eval-every 1000000", "--exit-lr"):
+            assert flag in run["command"], (flag, run["command"])
+        gated = "--acl-grad " in run["command"] + " "
+        assert gated == (run["rung"] in ("+ACL-Grad", "+ACL-CL")), run["command"]
         assert set(run["per_exit"]) == {str(i) for i in range(1, 7)}
         assert all(math.isfinite(v) and 0 <= v <= 100 for v in run["per_exit"].values())
         assert math.isfinite(run["cross_layer_avg"]) and run["wall_s"] > 0
