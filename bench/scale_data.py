@@ -179,6 +179,7 @@ def memory() -> dict[str, float]:
         "rss": fields["Rss"],
         "pss": fields["Pss"],
         "private": private,
+        "anon": fields.get("Anonymous", 0),
         "peak_rss": int(status["VmHWM"].split()[0]) / 1024,
     }
 
@@ -422,6 +423,7 @@ def projection(rows: list[dict]) -> dict:
         "waiters_first_start_s",
         "restart_s",
         "rank_extra_private_mb",
+        "rank_extra_anon_mb",
         "rank_pss_mb",
     )
     for key in keys:
@@ -437,7 +439,8 @@ def projection(rows: list[dict]) -> dict:
     out["tokens"] = REAL_TOKENS
     anon = [r["rank_extra_anon_mb"] for r in rows]
     out["rank_extra_anon_spread"] = (max(anon) - min(anon)) / max(min(anon), 1e-9)
-    out["dataloader_headroom"] = min(r["samples_per_s_per_worker"] / r["consumed_per_rank"] for r in rows)
+    speeds = [r["samples_per_s_per_worker"] / r["consumed_per_rank"] for r in rows if r["samples_per_s_per_worker"]]
+    out["dataloader_headroom"] = min(speeds) if speeds else None
     return out
 
 
@@ -459,7 +462,11 @@ def write_report(rows: list[dict], proj: dict, output: Path) -> None:
             f"{old_mb} | {r['waiters_first_start_s']:.1f} s | {r['restart_s']:.1f} s | "
             f"{r['rank_rss_mb']:.0f} / {r['rank_pss_mb']:.0f} MB | {r['rank_extra_anon_mb']:.1f} / "
             f"{r['rank_extra_private_mb'] - r['rank_extra_anon_mb']:.1f} MB | "
-            f"{r['samples_per_s_per_worker']:.0f} ({r['samples_per_s_per_worker'] / r['consumed_per_rank']:.0f}×) |"
+            + (
+                f"{r['samples_per_s_per_worker']:.0f} ({r['samples_per_s_per_worker'] / r['consumed_per_rank']:.0f}×) |"
+                if r["samples_per_s_per_worker"]
+                else "– |"
+            )
         )
     p = proj
     lines.append(
@@ -467,7 +474,7 @@ def write_report(rows: list[dict], proj: dict, output: Path) -> None:
         f"{p['open_rss_mb']:.0f} MB | {p['index_build_s']:.0f} s | {p['index_build_peak_mb']:.0f} MB | "
         f"{(p['old_build_s'] or 0):.0f} s | {(p['old_build_peak_mb'] or 0):.0f} MB | "
         f"{p['waiters_first_start_s']:.0f} s | {p['restart_s']:.0f} s | – | {p['rank_extra_anon_mb']:.1f} MB heap | "
-        f"≥ {p['dataloader_headroom']:.0f}× |"
+        + (f"≥ {p['dataloader_headroom']:.0f}× |" if p["dataloader_headroom"] else "– |")
     )
     (output / "scale_data.md").write_text("\n".join(lines) + "\n\n" + rows[0]["consumption_assumption"] + "\n")
     plot(rows, output / "scale_data.png")
@@ -480,7 +487,7 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     tokens = [r["tokens"] for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 5.4))
     for key, label in (
         ("index_build_s", "index build (s)"),
         ("old_build_s", "old per-sample builder (s)"),
@@ -505,7 +512,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.axvline(REAL_TOKENS, color="grey", ls=":", lw=1)
         ax.text(REAL_TOKENS, ax.get_ylim()[0], " 160 GB", fontsize=8, color="grey", va="bottom")
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -525,7 +532,14 @@ def main() -> int:
     r.add_argument("--output", type=Path, default=REPO / "docs" / "scale")
     r.add_argument("--samples", type=int, default=2000, help="samples each of the 8 rank processes reads")
     r.add_argument("--keep", action="store_true", help="keep the synthetic corpora (default: delete each)")
+    p = sub.add_parser("report", help="rewrite the table and plot from a measured scale_data.json")
+    p.add_argument("--output", type=Path, default=REPO / "docs" / "scale")
     args = ap.parse_args()
+    if args.command == "report":
+        rows = json.loads((args.output / "scale_data.json").read_text())["rows"]
+        write_report(rows, projection(rows), args.output)
+        print((args.output / "scale_data.md").read_text())
+        return 0
     args.cache.mkdir(parents=True, exist_ok=True)
     if args.command == "simulate":
         print(json.dumps(simulate(args.fraction, args.output, args.cache)))
