@@ -273,7 +273,10 @@ def main() -> int:
     ap.add_argument("--output", type=Path, default=REPO / "docs" / "scale")
     args = ap.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    results = {}
+    # Sizes measured by an earlier run are kept (a size is rewritten when measured again): the large model needs
+    # ~17 GB on 2 ranks, so it can be run alone on a loaded box with `--sizes large`.
+    previous = args.output / "zero_memory.json"
+    results = json.loads(previous.read_text()) if previous.exists() else {}
     with tempfile.TemporaryDirectory() as work:
         for size in args.sizes.split(","):
             stages = [measure_stage(size, int(s), Path(work)) for s in args.stages.split(",")]
@@ -290,8 +293,13 @@ def main() -> int:
                 "activation_checkpointing": SIZES[size]["checkpointing"],
             }
             print(json.dumps(results[size]["projection_64xV100_fp16"], indent=1), flush=True)
-    args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "zero_memory.json").write_text(json.dumps(results, indent=1))
+            write_report(results, args.output)  # after each size: a later size running out of memory loses nothing
+    return 0
+
+
+def write_report(results: dict, output: Path) -> None:
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "zero_memory.json").write_text(json.dumps(results, indent=1))
     lines = [
         "| model | ZeRO | params / rank | grads / rank | optimizer / rank | checkpoint on disk | save | load |",
         "|---|---|---|---|---|---|---|---|",
@@ -318,9 +326,8 @@ def main() -> int:
                 f"{p['model_states_gb']:.1f} GB | {p['total_gb']:.1f} GB | "
                 f"{'yes' if p['fits_32gb'] else 'NO'} ({p['headroom_gb']:.1f} GB) |"
             )
-    (args.output / "zero_memory.md").write_text("\n".join(lines) + "\n")
+    (output / "zero_memory.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    return 0
 
 
 if __name__ == "__main__":

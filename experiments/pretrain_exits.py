@@ -276,6 +276,19 @@ def final_name(model: str, steps: int) -> str:
     return at_step(model, steps, steps)
 
 
+def _per_layer_errorbar(ax: object, rows: dict, model: str) -> None:
+    """One model's mean ± std per layer (`rows`: layer -> {"mean", "std"})."""
+    ax.errorbar(
+        [int(k) for k in rows],
+        [rows[k]["mean"] for k in rows],
+        yerr=[rows[k]["std"] for k in rows],
+        marker="o",
+        capsize=3,
+        color=COLOURS[model],
+        label=MODEL_LABELS[model],
+    )
+
+
 def plot_layers(results: dict, path: Path) -> None:
     """Rows: probe on pooled [CLS], probe on mean-pooled tokens, static fine-tune; columns: SST-2, MRPC."""
     plt = _pyplot()
@@ -285,17 +298,7 @@ def plot_layers(results: dict, path: Path) -> None:
         for row, kind in enumerate(FEATURES):
             ax = axes[row][col]
             for model in MODELS:
-                rows = results["probe_summary"][final_name(model, steps)][task][kind]
-                layers = [int(k) for k in rows]
-                ax.errorbar(
-                    layers,
-                    [rows[k]["mean"] for k in rows],
-                    yerr=[rows[k]["std"] for k in rows],
-                    marker="o",
-                    capsize=3,
-                    color=COLOURS[model],
-                    label=MODEL_LABELS[model],
-                )
+                _per_layer_errorbar(ax, results["probe_summary"][final_name(model, steps)][task][kind], model)
             floor = results["majority_baseline"]["probe"][task]["score"]
             ax.axhline(floor, color="k", ls=":", lw=1, label="majority class")
             what = "pooled [CLS] (the exit's pooler)" if kind == "pooled" else "mean of the layer's token states"
@@ -314,17 +317,7 @@ def plot_layers(results: dict, path: Path) -> None:
             ax.set_axis_off()
             continue
         for model in MODELS:
-            rows = results["finetune_summary"][task][model]
-            layers = [int(k) for k in rows]
-            ax.errorbar(
-                layers,
-                [rows[k]["mean"] for k in rows],
-                yerr=[rows[k]["std"] for k in rows],
-                marker="o",
-                capsize=3,
-                color=COLOURS[model],
-                label=MODEL_LABELS[model],
-            )
+            _per_layer_errorbar(ax, results["finetune_summary"][task][model], model)
         ax.axhline(results["majority_baseline"]["finetune"][task]["score"], color="k", ls=":", lw=1, label="majority")
         ax.set_title(f"{task}: static fine-tune of the first l layers (linear exit)", fontsize=10)
     for ax in axes.flat:
