@@ -81,9 +81,10 @@ def optimizer_state_bytes(optimizer: object) -> int:
 
 
 def gradient_bytes(engine: object, stage: int) -> int:
-    """Bytes of the gradients this rank holds after backward: full .grad tensors (ZeRO-0/1: every rank keeps all of
-    them until the step), ZeRO-2/3's reduced partitions (`averaged_gradients` / `grads_in_partition`)."""
-    if stage <= 1:
+    """Bytes of the gradients this rank holds after backward: full .grad tensors under ZeRO-0; under ZeRO-1/2/3
+    what DeepSpeed's ZeRO optimizer keeps (`averaged_gradients` / `grads_in_partition` / the reduction buffer), the
+    `.grad` tensors being released once reduced."""
+    if stage == 0:
         return sum(tensor_bytes(p.grad) for p in engine.module.parameters() if p.grad is not None)
     total = 0
     for name in ("averaged_gradients", "grads_in_partition", "ipg_buffer"):
