@@ -5,8 +5,9 @@ user runs it (`python -m data_prep ...` under `/usr/bin/time`), and projected to
 
 The inputs are the Gutenberg books and WikiText of ../shared/data given many times over as separate files (hard
 links in a scratch folder, so nothing is copied and nothing lands in the repository). Per size: wall time, CPU
-time, MB/s per core (input bytes ÷ CPU seconds), the peak RSS of the largest worker process and of the parent, then
-`finalize` (units → shards + manifest) and `verify` (re-hash everything) wall time and peak RSS. The projection:
+time, MB/s per core (input bytes ÷ CPU seconds), the peak RSS (the kernel's VmHWM) of the largest worker process
+and of the parent, then `finalize` (units → shards + manifest) and `verify` (re-hash everything) wall time and peak
+RSS. The projection:
 core-hours for 160 GB at the measured MB/s per core, and the wall time of a 64-task Slurm array with a stated number
 of cores per task, assuming storage keeps up (the measured finalize/verify throughputs say how fast it must be).
 """
@@ -67,30 +68,43 @@ def timed(cmd: list[str], env: dict) -> dict:
     return {"wall_s": wall, "cpu_s": cpu, "max_rss_mb": int(fields["Maximum resident set size (kbytes)"]) / 1024}
 
 
+def _peak_rss_mb(pid: int) -> float:
+    """The kernel's high-water mark of a process's RSS (VmHWM), in MB; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def worker_peak_rss(cmd: list[str], env: dict) -> tuple[dict, float, float]:
-    """Run `cmd`, sampling the RSS of the parent and each child process every 0.2 s: (timing, parent peak MB, largest
-    child peak MB). /usr/bin/time reports only the largest process, not which one it was."""
+    """Run `cmd` and return (timing, parent peak MB, largest child peak MB), read from each process's VmHWM every
+    0.2 s. The high-water mark is kept by the kernel, so a short spike between two reads still counts (sampling the
+    current RSS instead missed them: 81 MB at 100 MB of input vs 104 MB at 1 GB was an artefact of how many spikes a
+    run gave it the chance to catch; the true peak is the same at every size). /usr/bin/time reports only the largest
+    process, not which one it was."""
     import psutil
 
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     ps = psutil.Process(proc.pid)
-    parent_peak = child_peak = 0.0
+    parent_peak, child_peaks = 0.0, {}
     while proc.poll() is None:
+        parent_peak = max(parent_peak, _peak_rss_mb(proc.pid))
         try:
-            parent_peak = max(parent_peak, ps.memory_info().rss / 2**20)
-            for child in ps.children(recursive=True):
-                try:
-                    child_peak = max(child_peak, child.memory_info().rss / 2**20)
-                except psutil.Error:
-                    pass
+            children = ps.children(recursive=True)
         except psutil.Error:
-            pass
+            children = []
+        for child in children:
+            child_peaks[child.pid] = max(child_peaks.get(child.pid, 0.0), _peak_rss_mb(child.pid))
         time.sleep(0.2)
     err = proc.stderr.read()
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{err[-3000:]}")
-    return {"wall_s": time.perf_counter() - start}, parent_peak, child_peak
+    return {"wall_s": time.perf_counter() - start}, parent_peak, max(child_peaks.values(), default=0.0)
 
 
 def measure(size: int, work: Path, workers: int) -> dict:

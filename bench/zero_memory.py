@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.multiprocessing import ProcessExitedException
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -274,13 +275,23 @@ def main() -> int:
     ap.add_argument("--output", type=Path, default=REPO / "docs" / "scale")
     args = ap.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    # Sizes measured by an earlier run are kept (a size is rewritten when measured again): the large model needs
-    # ~17 GB on 2 ranks, so it can be run alone on a loaded box with `--sizes large`.
+    # What an earlier run measured is kept (a size and stage is rewritten when measured again): the large model
+    # needs ~19 GB on 2 ranks at ZeRO-0 (a rank was at 9.2 GB when the OOM killer took it), so it is run alone on
+    # an idle box with `--sizes large --stages 0`.
     previous = args.output / "zero_memory.json"
     results = json.loads(previous.read_text()) if previous.exists() else {}
     with tempfile.TemporaryDirectory() as work:
         for size in args.sizes.split(","):
-            stages = [measure_stage(size, int(s), Path(work)) for s in args.stages.split(",")]
+            by_stage = {s["stage"]: s for s in results.get(size, {}).get("stages", [])}
+            for stage in (int(s) for s in args.stages.split(",")):
+                try:
+                    by_stage[stage] = measure_stage(size, stage, Path(work))
+                except ProcessExitedException as err:  # the OOM killer, typically
+                    raise SystemExit(
+                        f"zero_memory: {size} ZeRO-{stage}: {err} (out of memory? it needs the box to itself); "
+                        f"what was measured before is in {args.output}"
+                    ) from None
+            stages = [by_stage[k] for k in sorted(by_stage)]
             act = {
                 "plain": activation_bytes_per_sample(size, False),
                 "checkpointing": activation_bytes_per_sample(size, True),

@@ -70,29 +70,37 @@ class IdxHeader:
         return starts, lengths, docs, end
 
 
-def pack_idx(header: IdxHeader, lengths: np.ndarray, doc_bounds: np.ndarray) -> bytes:
-    """Serialise a whole .idx (the arrays of one shard are small next to its .bin)."""
+def write_idx(
+    path: str | os.PathLike, header: IdxHeader, lengths: np.ndarray, doc_bounds: np.ndarray
+) -> tuple[str, int]:
+    """Write a whole .idx, array by array (no joined copy: a part's index is tens of MB at 16 M tokens); returns
+    its sha256 and size. A failed write names the file."""
     lengths = np.ascontiguousarray(lengths, dtype="<i4")
     starts = np.zeros(len(lengths), dtype="<i8")
     if len(lengths) > 1:
         np.cumsum(lengths[:-1], out=starts[1:])
-    parts = [
-        HEADER.pack(
-            MAGIC,
-            header.version,
-            header.itemsize,
-            header.num_sentences,
-            header.num_docs,
-            header.num_tokens,
-            bytes.fromhex(header.bin_sha256),
-            0,
-        ),
-        starts.tobytes(),
-        lengths.tobytes(),
-        b"\0\0\0\0" if len(lengths) % 2 else b"",
-        np.ascontiguousarray(doc_bounds, dtype="<i8").tobytes(),
-    ]
-    return b"".join(parts)
+    head = HEADER.pack(
+        MAGIC,
+        header.version,
+        header.itemsize,
+        header.num_sentences,
+        header.num_docs,
+        header.num_tokens,
+        bytes.fromhex(header.bin_sha256),
+        0,
+    )
+    pieces = [head, starts, lengths, b"\0\0\0\0" if len(lengths) % 2 else b"", np.ascontiguousarray(doc_bounds, "<i8")]
+    digest, size = hashlib.sha256(), 0
+    try:
+        with open(path, "wb") as f:
+            for piece in pieces:
+                view = memoryview(piece).cast("B")
+                f.write(view)
+                digest.update(view)
+                size += len(view)
+    except OSError as err:
+        raise with_path(err, path) from None
+    return digest.hexdigest(), size
 
 
 def read_idx_header(path: str | os.PathLike) -> IdxHeader:
@@ -212,24 +220,20 @@ class PartWriter:
             raise with_path(err, self.bin_path) from None
         lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int32)
         counts = np.concatenate(self._doc_counts) if self._doc_counts else np.zeros(0, np.int64)
+        self._lengths, self._doc_counts = [], []  # one copy at a time
         bounds = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(counts, out=bounds[1:])
         bin_sha = self._hash.hexdigest()
         header = IdxHeader(VERSION, self.dtype.itemsize, self.num_sentences, self.num_docs, self.num_tokens, bin_sha)
-        idx = pack_idx(header, lengths, bounds)
-        try:
-            with open(self.idx_path, "wb") as f:
-                f.write(idx)
-        except OSError as err:
-            raise with_path(err, self.idx_path) from None
+        idx_sha, idx_bytes = write_idx(self.idx_path, header, lengths, bounds)
         return {
             "docs": self.num_docs,
             "sentences": self.num_sentences,
             "tokens": self.num_tokens,
             "bin_sha256": bin_sha,
-            "idx_sha256": hashlib.sha256(idx).hexdigest(),
+            "idx_sha256": idx_sha,
             "bin_bytes": self.num_tokens * self.dtype.itemsize,
-            "idx_bytes": len(idx),
+            "idx_bytes": idx_bytes,
         }
 
 

@@ -90,6 +90,35 @@ def test_one_vs_two_workers_identical(dp, tmp_path, small_prepared, small_books,
     assert dp.shard_hashes(out) == dp.shard_hashes(small_prepared) and len(dp.shard_hashes(out)) >= 4
 
 
+@pytest.mark.timeout(120)
+def test_a_killed_worker_stops_the_run_which_then_resumes(
+    dp, tmp_path, small_prepared, small_books, vocab, monkeypatch
+):
+    """The OOM killer's SIGKILL on one worker: an error that says so within seconds (multiprocessing.Pool waited
+    for the lost unit forever), no temporary unit left behind, and the rerun gives the bytes of an uninterrupted
+    run."""
+    import data_prep.workers as W
+
+    write_unit = W._write_unit
+
+    def killed_on_unit_2(u, *args):
+        if u == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return write_unit(u, *args)
+
+    monkeypatch.setattr(W, "_write_unit", killed_on_unit_2)  # the forked workers inherit the patch
+    out = tmp_path / "killed"
+    start = time.monotonic()
+    with pytest.raises(DataPrepError, match=r"worker process died.*out-of-memory.*rerun the same command to resume"):
+        tokenize_corpus(small_books, out, tokenizer=vocab, workers=2, **SMALL)
+    assert time.monotonic() - start < 60
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+    monkeypatch.setattr(W, "_write_unit", write_unit)
+    tokenize_corpus(small_books, out, tokenizer=vocab, workers=2, **SMALL)
+    assert dp.manifest_bytes(out) == dp.manifest_bytes(small_prepared)
+    assert dp.shard_hashes(out) == dp.shard_hashes(small_prepared)
+
+
 def test_one_vs_three_array_tasks_identical(dp, tmp_path, small_prepared, small_books, vocab):
     out = tmp_path / "j3"
     recs = [tokenize_corpus(small_books, out, tokenizer=vocab, num_tasks=3, task_index=j, **SMALL) for j in (0, 2)]
