@@ -211,8 +211,9 @@ _eb_requeue() {
     exit "${EB_REQUEUE_EXIT_CODE:-75}"
   fi
   eb_log "requeueing job $SLURM_JOB_ID: $why"
+  # logged before asking: a granted requeue may end this script before scontrol even returns
+  _eb_event requeue "$why"
   if scontrol requeue "$SLURM_JOB_ID"; then
-    _eb_event requeued "$why"
     exit 0 # Slurm ends this instance and starts the job again (same id, SLURM_RESTART_COUNT+1)
   fi
   eb_log "ERROR: 'scontrol requeue $SLURM_JOB_ID' failed (submitted with --no-requeue? JobRequeue=0?)"
