@@ -169,6 +169,7 @@ def rank_main(rank: int, size: str, stage: int, port: int, out_dir: str) -> None
     }
     (Path(out_dir) / f"result_{size}_{stage}_{rank}.json").write_text(json.dumps(result))
     torch.distributed.barrier()
+    torch.distributed.destroy_process_group()  # else gloo can abort this rank at exit (pytorch#190489)
 
 
 def measure_stage(size: str, stage: int, work: Path) -> dict:

@@ -286,3 +286,34 @@ def test_deepspeed_launcher_reproduces_the_torchrun_run(work, zero_runs, prepare
     for step in got:
         assert got[step]["loss"] == ref[step]["loss"] and got[step]["samples_digest"] == ref[step]["samples_digest"]
     assert (run / "checkpoints" / "latest").read_text() == "global_step4"  # stop_after_steps saves before exiting
+
+
+def test_every_rank_leaves_the_process_group_before_exit(work, prepared_gutenberg, tmp_path):
+    """A rank that exits with gloo's process group alive can abort at interpreter exit ("terminate called without
+    an active exception", pytorch#190489): CI lost a finished Slurm step to it. Both ranks must have destroyed it
+    when the trainer returns."""
+    import subprocess
+    import sys
+
+    from pretrain_testlib import REPO, base_env
+
+    from common.dist import free_port
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import os, sys, torch.distributed as dist\n"
+        "from pretrain.__main__ import main\n"
+        "code = main(sys.argv[1:])\n"
+        "print(f'rank {os.environ[\"RANK\"]} exit {code} group alive {dist.is_initialized()}', flush=True)\n"
+        "sys.exit(code)\n"
+    )
+    run = work / "leaves_group"
+    args = train_args(TINY, run, prepared_gutenberg, ["train.train_steps=4", "optim.warmup_steps=1"])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
+    cmd += ["--master_port", str(free_port()), str(probe), *args]
+    r = subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert sorted(line for line in r.stdout.splitlines() if line.startswith("rank ")) == [
+        "rank 0 exit 0 group alive False",
+        "rank 1 exit 0 group alive False",
+    ]
