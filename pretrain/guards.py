@@ -8,12 +8,21 @@ gradient overflow that DeepSpeed skipped (the loss scaler's normal work) is not 
 Nothing is saved after such a step, and the weights are checked once more before every save, so `latest` never
 moves onto a state produced after a non-finite step. Rerunning the same command resumes from `latest` and, being
 deterministic, meets the same step again: lower `optim.lr`, check the data, or resume from an older checkpoint.
+
+A stale build lock: DeepSpeed builds some ops just in time (the CPU accelerator's shm collectives, FusedAdam on a
+GPU without prebuilt ops) under torch's file baton, and a process that waits for the baton spins for as long as the
+lock file exists. A build killed mid-way (a preempted or cancelled first job) leaves the file behind, and every
+later job then hangs at start-up until its time limit: refused at start instead, naming the file.
 """
 
 from __future__ import annotations
 
 import errno
 import math
+import os
+import sys
+import time
+from pathlib import Path
 
 from common.errors import EXIT_DIVERGED, EXIT_WRITE_FAILED, UserError
 
@@ -22,6 +31,13 @@ class TrainingDiverged(UserError):
     """A non-finite loss, gradient norm or weight: the run stopped without checkpointing it."""
 
     exit_code = EXIT_DIVERGED
+
+
+BUILD_LOCK_STALE_S = 15 * 60  # a build takes seconds to a few minutes; a baton this old has no builder left
+
+
+class StaleBuildLock(UserError):
+    """A torch extension build lock left by a killed build: the op's next load would wait for it forever."""
 
 
 class RunWriteError(UserError):
@@ -47,3 +63,42 @@ def describe_write_error(err: BaseException) -> str:
     full = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
     full = full or "No space left on device" in str(err) or "file write failed" in str(err)
     return text + (" (the disk or quota is full)" if full else "")
+
+
+def extension_build_root() -> Path:
+    """Where torch builds JIT extensions (`torch.utils.cpp_extension._get_build_directory`'s rule, minus the
+    accelerator suffix: every `py*_*` folder under the default root is scanned)."""
+    explicit = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if explicit:
+        return Path(explicit)
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return Path(get_default_build_root())
+
+
+def stale_build_locks(root: Path, now: float | None = None, max_age_s: float = BUILD_LOCK_STALE_S) -> list[Path]:
+    """Build locks under `root` older than `max_age_s` (both layouts: `root/EXT/lock` under TORCH_EXTENSIONS_DIR,
+    `root/pyXY_ACC/EXT/lock` under the default root)."""
+    now = time.time() if now is None else now
+    found = []
+    for lock in [*root.glob("*/lock"), *root.glob(f"py{sys.version_info.major}{sys.version_info.minor}*/*/lock")]:
+        try:
+            age = now - lock.stat().st_mtime
+        except OSError:  # released while we looked
+            continue
+        if age > max_age_s:
+            found.append(lock)
+    return sorted(set(found))
+
+
+def refuse_stale_build_locks(root: Path | None = None) -> None:
+    """Raise `StaleBuildLock` naming every stale lock (what to delete), before anything waits on one."""
+    root = extension_build_root() if root is None else root
+    locks = stale_build_locks(root)
+    if locks:
+        ages = ", ".join(f"{lock} ({(time.time() - lock.stat().st_mtime) / 60:.0f} min old)" for lock in locks)
+        raise StaleBuildLock(
+            f"stale torch extension build lock: {ages}. An interrupted DeepSpeed op build left it, and loading "
+            f"that op would wait for it forever. If no build is running on this machine, delete it "
+            f"(rm {' '.join(str(lock) for lock in locks)}) and rerun."
+        )

@@ -62,7 +62,7 @@ from .config import RunConfig, validate
 from .corpora import open_data
 from .data import BlendedDataset, Collator, RankBatches, SampleOrder, batch_digest, collate
 from .ds_config import fill_ds_config, load_ds_json
-from .guards import RunWriteError, TrainingDiverged, describe_write_error, step_problem
+from .guards import RunWriteError, TrainingDiverged, describe_write_error, refuse_stale_build_locks, step_problem
 from .integrity import LOAD_ERRORS, hash_files, list_files, share_of, verify_share, write_checksums
 from .metrics import MetricsLogger
 from .mfu import model_flops_utilization, peak_flops
@@ -113,6 +113,7 @@ class Trainer:
         self.preempt = PreemptionFlag()
 
         validate(cfg, world_size=self.world)
+        refuse_stale_build_locks()  # before DeepSpeed loads an op and waits on it forever
         raw = load_ds_json(ds_config_path or cfg.train.ds_config)
         self.ds_cfg, self.layout = fill_ds_config(raw, cfg, self.world, self.caps)
         self.precision_choice = choose_precision(cfg.train.precision, raw, self.caps)

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 from pretrain_testlib import REPO, TINY, train_args
@@ -186,3 +187,31 @@ def test_an_uncached_hub_name_fails_before_any_process_group(
         and "model.init_from bert-base-uncased: not a local directory and not in the Hugging Face cache" in err
     )
     assert "Traceback" not in err and not (tmp_path / "r" / "config.yaml").exists()
+
+
+def test_a_stale_extension_build_lock_is_refused_not_waited_on(
+    tmp_path, prepared_gutenberg, capsys, clean_env, monkeypatch
+):
+    """A lock left by a killed DeepSpeed op build makes torch's file baton spin forever: refused at start with the
+    file named; a fresh lock (a build running now) is left to torch."""
+    from pretrain.guards import stale_build_locks
+
+    ext = tmp_path / "torch_extensions"
+    stale, fresh = ext / "deepspeed_shm_comm" / "lock", ext / "fused_adam" / "lock"
+    for lock in (stale, fresh):
+        lock.parent.mkdir(parents=True)
+        lock.touch()
+    hour_ago = time.time() - 3600
+    os.utime(stale, (hour_ago, hour_ago))
+    assert stale_build_locks(ext) == [stale]
+    default_layout = tmp_path / "default_root" / f"py{sys.version_info.major}{sys.version_info.minor}_cpu"
+    (default_layout / "x").mkdir(parents=True)
+    (default_layout / "x" / "lock").touch()
+    os.utime(default_layout / "x" / "lock", (hour_ago, hour_ago))
+    assert stale_build_locks(tmp_path / "default_root") == [default_layout / "x" / "lock"]
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(ext))
+    code, err = run_main(train_args(TINY, tmp_path / "r", prepared_gutenberg, []), capsys)
+    assert code == 2 and str(stale) in err and f"rm {stale}" in err and "Traceback" not in err
+    assert str(fresh) not in err
+    assert not (tmp_path / "r").exists(), "refused before the run directory is made"
