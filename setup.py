@@ -10,7 +10,9 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["common*", "elasticbert*", "data_prep*", "pretrain*", "finetune*", "demo*"]),
-    package_data={"": ["*.json", "*.yaml"]},
+    # The fine-tuning presets ship with the package (`finetune --recipe NAME` works from any install); the
+    # pre-training configs/ and ds_configs/ stay in the checkout, which Slurm jobs run from.
+    package_data={"": ["*.json", "*.yaml"], "finetune": ["presets/*.yaml"]},
     install_requires=[
         # torch is installed first and on its own (CPU wheel here, the CUDA build on GPU clusters).
         "torch>=2.4",

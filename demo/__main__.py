@@ -32,6 +32,7 @@ from demo.data import HOW_TO_GET_REAL_DATA, demo_data
 from elasticbert import minilm_dir
 
 REPO = Path(__file__).resolve().parents[1]
+PRETRAIN_CONFIG = "configs/tiny_cpu.yaml"  # with its ds_configs/ JSON: checkout files, not package data
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ def stage_pretrain(scale: Scale, data: Path, run_dir: Path, logs: Path) -> dict:
         f"eval.max_samples={64 if scale.pretrain_steps < 20 else 256}",
         "logging.progress=false",
     ]
-    args = ["train", "--config", "configs/tiny_cpu.yaml", "--output", str(run_dir)]
+    args = ["train", "--config", PRETRAIN_CONFIG, "--output", str(run_dir)]
     for s in sets:
         args += ["--set", s]
     log = logs / "pretrain.log"
@@ -183,6 +184,11 @@ def main(argv: list[str] | None = None) -> None:
         help="report folder (default: $DEMO_OUT or %(default)s); must be empty or absent",
     )
     args = parser.parse_args(argv)
+    if not (REPO / PRETRAIN_CONFIG).is_file():
+        sys.exit(
+            f"demo: {REPO / PRETRAIN_CONFIG} not found: the demo runs from a checkout of the repository (its configs/ "
+            "and ds_configs/ are not installed with the package); clone it and run `make demo` there"
+        )
     scale = SCALES[args.scale]
     out = (REPO / args.output).resolve() if not Path(args.output).is_absolute() else Path(args.output)
     if out.exists() and any(out.iterdir()):

@@ -1,7 +1,7 @@
 """The typed configuration of one fine-tuning run, validated before anything loads, saved into the run directory.
 
 Defaults are chosen to learn on small real data (see `DEFAULT_EXIT_LR`); the papers' recipes are YAML presets under
-configs/finetune/ (`finetune train --recipe NAME`, see `recipes.py`), one flag away.
+finetune/presets/ (`finetune train --recipe NAME`, see `recipes.py`), one flag away.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class TrainConfig:
     device: Device = "auto"
     progress: bool = True
     overwrite: bool = False  # replace a finished run in `output` (a running one is never touched)
-    recipe: str | None = None  # the preset these values started from (configs/finetune/NAME.yaml), if any
+    recipe: str | None = None  # the preset these values started from (finetune/presets/NAME.yaml), if any
     # Where the values came from (recipe file, flags that overrode it, resolved paths): saved, not a setting.
     provenance: dict = field(default_factory=dict, compare=False)
 

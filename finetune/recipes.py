@@ -1,4 +1,5 @@
-"""Fine-tuning recipes by name: YAML presets under configs/finetune/ read into `TrainConfig`.
+"""Fine-tuning recipes by name: YAML presets shipped in `finetune/presets/` (package data, so a
+non-editable install has them too) read into `TrainConfig`.
 
 `finetune train --recipe elasticbert-static | elasticbert-dynamic | acl` (or `--recipe path/to/file.yaml`) starts
 from the preset's values; every option given explicitly on the command line overrides the preset. The resolved
@@ -34,7 +35,7 @@ from common.errors import ConfigError
 
 from .config import TrainConfig, parse_exits
 
-RECIPE_DIR = Path(__file__).resolve().parents[1] / "configs" / "finetune"
+RECIPE_DIR = Path(__file__).resolve().parent / "presets"
 # Fields a preset may not set: they say where this run's inputs and outputs are, not how it trains.
 NOT_IN_RECIPES = ("model", "task", "output", "data_dir", "tokenizer", "overwrite", "recipe", "provenance")
 
@@ -55,12 +56,12 @@ class Recipe:
 
 
 def recipe_names() -> list[str]:
-    """The presets shipped in configs/finetune/."""
+    """The presets shipped in finetune/presets/."""
     return sorted(p.stem for p in RECIPE_DIR.glob("*.yaml")) if RECIPE_DIR.is_dir() else []
 
 
 def recipe_path(name_or_path: str) -> Path:
-    """configs/finetune/NAME.yaml for a shipped name, else the path given (a .yaml/.yml file)."""
+    """finetune/presets/NAME.yaml for a shipped name, else the path given (a .yaml/.yml file)."""
     if name_or_path in recipe_names():
         return RECIPE_DIR / f"{name_or_path}.yaml"
     path = Path(name_or_path)

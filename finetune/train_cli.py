@@ -78,7 +78,7 @@ def _data_arguments(g: argparse._ArgumentGroup) -> None:
     option(
         "recipe",
         type=str,
-        help=f"start from a paper's preset ({', '.join(recipe_names())}; configs/finetune/NAME.yaml) or a YAML "
+        help=f"start from a paper's preset ({', '.join(recipe_names())}; finetune/presets/NAME.yaml) or a YAML "
         "file; options given explicitly override it",
     )
     option("tokenizer", help="tokenizer dir or hub name (default: --model's)")

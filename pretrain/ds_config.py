@@ -40,7 +40,10 @@ class BatchLayout:
 def load_ds_json(path: str | Path) -> dict[str, Any]:
     p = resolve_path(str(path), REPO_ROOT)
     if not p.is_file():
-        raise ConfigError(f"DeepSpeed config {p} does not exist (see ds_configs/)")
+        raise ConfigError(
+            f"DeepSpeed config {p} does not exist (a relative path is read from the current directory, else from "
+            f"{REPO_ROOT}; the shipped ones are in the repository's ds_configs/)"
+        )
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -1,4 +1,4 @@
-"""Recipes by name (configs/finetune/*.yaml): the papers' numbers, flags overriding them, what run_config.json
+"""Recipes by name (finetune/presets/*.yaml): the papers' numbers, flags overriding them, what run_config.json
 records; early stopping; gradient equilibrium on by default for multi-exit training."""
 
 import json
@@ -49,7 +49,7 @@ def test_explicit_flags_override_the_recipe_even_when_equal_to_the_default():
         "weight_decay": {"recipe": 0.1, "flag": 0.01},
         "exit_lr": {"recipe": None, "flag": 1e-3},
     }
-    assert cfg.provenance["recipe_file"].endswith("configs/finetune/elasticbert-static.yaml")
+    assert cfg.provenance["recipe_file"].endswith("finetune/presets/elasticbert-static.yaml")
     two_stage = resolved("--recipe", "elasticbert-dynamic", "--method", "2st", "--epochs", "2")
     assert (two_stage.epochs, two_stage.stage2_epochs) == (2.0, 3.0)
 
