@@ -5,9 +5,11 @@ with the shape of each module's input, and a Python file defining those modules,
 from the two (Liu et al., 2022, "Towards Efficient NLP: A Standard Evaluation and A Strong Baseline", NAACL,
 section 3 on ELUE's submission and evaluation; the trace is written in the paper's own example form
 ``(10),emb; (10,768),layer_1; (768),exit_1``, as restated in this project's issue 17). The paper's text was not
-retrievable here beyond that example, so the column layout of the files below (a header row, ``index`` first, the
-task file names of `TaskSpec.submission_name`) follows this project's GLUE-style prediction files; check it against
-the ELUE site's current instructions before uploading.
+retrievable here beyond that example. The prediction file's layout (header ``index<TAB>prediction``, the task's label
+strings) is what the official ELUE inference code writes (fastnlp/ElasticBERT ``finetune-dynamic/inferences.py``),
+and ``{TASK}_exit_layer.tsv`` starts with that code's ``index<TAB>exit_layer`` columns; the file names (one folder
+per operating point, `TaskSpec.submission_name`) are ours: check them against the ELUE site's current instructions
+before uploading.
 
 `python -m finetune submission --results EARLY_EXIT.json --output DIR [--strategy NAME[,NAME...]]` re-runs every
 operating point of the result (model, data, batch size and maximum length as recorded in it) on the test split and

@@ -4,9 +4,11 @@ Stable API (imported by other fine-tuning modules): `get_task(name) -> TaskSpec`
 -> list[Example]`, `TaskSpec.compute_metrics(preds, labels) -> dict`, `TaskSpec.main_metric`, `benchmark_score`.
 
 Files are read by header name, not position, so GLUE's layout and ELUE's (`sentence\\tlabel`,
-`premise\\thypothesis\\tlabel`, `sentence1\\tsentence2\\tlabel`) go through one reader. Lines are split on tabs with no
-quote handling (GLUE text contains bare `"`), as GLUE's own processors do. Every bad row is reported as
-`file:line: what is wrong`.
+`premise\\thypothesis\\tlabel`, `sentence1\\tsentence2\\tlabel`) go through one reader. An ELUE file whose header
+names none of those columns is read by position instead, as the official ELUE processors read every file (fastnlp/
+ElasticBERT `elue/elue.py`: the header row skipped, fixed columns per task, test files with an index column first).
+Lines are split on tabs with no quote handling (GLUE text contains bare `"`), as GLUE's own processors do. Every bad
+row is reported as `file:line: what is wrong`.
 
 Metrics are percentages (0-100, the scale GLUE/ELUE leaderboards print). Every metric dict carries `score`, the task's
 headline number: the mean of its official metrics (MRPC/QQP: F1 and accuracy; STS-B: Pearson and Spearman; CoLA:
@@ -47,6 +49,17 @@ class Example:
 
 
 @dataclass(frozen=True)
+class ColumnPositions:
+    """Where the official ELUE processors read each field (0-based; label -1 = the last column). Test files differ:
+    most put an index first and drop the label."""
+
+    text: tuple[int, ...]
+    label: int
+    test_text: tuple[int, ...]
+    test_index: int | None
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     """Everything task-specific: where the files are, how to read them, how to score predictions."""
 
@@ -60,6 +73,7 @@ class TaskSpec:
     split_files: Mapping[str, str] = field(default_factory=lambda: {s: f"{s}.tsv" for s in SPLITS})
     index_column: tuple[str, ...] = ("index", "id", "idx")
     headerless_columns: tuple[str, ...] | None = None  # CoLA train/dev have no header row
+    positions: ColumnPositions | None = None  # ELUE: the official processors' columns, when header names don't match
     submission_name: str = ""
     hf_dataset: tuple[str, str] | None = None  # (hub name, config) for users with the HF hub
 
@@ -98,6 +112,8 @@ _BINARY = ("0", "1")
 _NLI2 = ("entailment", "not_entailment")
 _GLUE = "nyu-mll/glue"
 _PAIR = (("sentence1",), ("sentence2",))
+_ELUE_SINGLE = ColumnPositions(text=(0,), label=1, test_text=(1,), test_index=0)
+_ELUE_PAIR = ColumnPositions(text=(0, 1), label=-1, test_text=(1, 2), test_index=0)
 
 
 def _glue(name: str, **kwargs: object) -> TaskSpec:
@@ -203,20 +219,26 @@ TASKS: dict[str, TaskSpec] = {
             metrics=("accuracy",),
             hf_dataset=(_GLUE, "wnli"),
         ),
-        # ELUE (label strings as the official ELUE processors define them: digits)
-        _elue("SST-2", label_names=_BINARY, text_columns=(("sentence",),), metrics=("accuracy",)),
-        _elue("IMDb", label_names=_BINARY, text_columns=(("sentence",),), metrics=("accuracy",)),
+        # ELUE (label strings and column positions as the official ELUE processors define them)
+        _elue(
+            "SST-2", label_names=_BINARY, text_columns=(("sentence",),), metrics=("accuracy",), positions=_ELUE_SINGLE
+        ),
+        _elue(
+            "IMDb", label_names=_BINARY, text_columns=(("sentence",),), metrics=("accuracy",), positions=_ELUE_SINGLE
+        ),
         _elue(
             "SNLI",
             label_names=("0", "1", "2"),
             text_columns=(("premise",), ("hypothesis",)),
             metrics=("accuracy",),
+            positions=_ELUE_PAIR,
         ),
         _elue(
             "SciTail",
             label_names=_BINARY,
             text_columns=(("premise",), ("hypothesis",)),
             metrics=("accuracy",),
+            positions=_ELUE_PAIR,
         ),
         _elue(
             "MRPC",
@@ -224,6 +246,7 @@ TASKS: dict[str, TaskSpec] = {
             text_columns=(("sentence1", "#1 String"), ("sentence2", "#2 String")),
             label_column=("label", "Quality"),
             metrics=("f1", "accuracy"),
+            positions=ColumnPositions(text=(3, 4), label=0, test_text=(3, 4), test_index=None),  # GLUE's MRPC columns
         ),
         _elue(
             "STS-B",
@@ -231,6 +254,7 @@ TASKS: dict[str, TaskSpec] = {
             text_columns=_PAIR,
             label_column=("label", "score"),
             metrics=("pearson", "spearman"),
+            positions=_ELUE_PAIR,
         ),
     )
 }
@@ -329,6 +353,25 @@ def _parse_label(spec: TaskSpec, raw: str, where: str) -> int | float:
     raise DataError(f"{where}: unknown label {raw!r} for task {spec.name}; expected one of {list(spec.label_names)}")
 
 
+def _official_positions(
+    positions: ColumnPositions, header: list[str], labelled: bool, path: Path
+) -> tuple[list[int], int | None, int | None]:
+    """(text columns, label column, index column) of an ELUE file read by position, as the official processors do."""
+    if labelled:
+        text_cols, label_col, index_col = list(positions.text), positions.label % len(header), None
+    else:
+        text_cols, label_col, index_col = list(positions.test_text), None, positions.test_index
+    needed = max([*text_cols, label_col or 0, index_col or 0]) + 1
+    if len(header) < needed:
+        raise DataError(
+            f"{path}:1: header {header} names none of the expected columns, and {len(header)} columns are too few to "
+            f"read by the official ELUE positions (text at {text_cols}"
+            + (f", label at {positions.label}" if labelled else "")
+            + ")"
+        )
+    return text_cols, label_col, index_col
+
+
 def read_tsv(spec: TaskSpec, path: Path, labelled: bool = True) -> list[Example]:
     """Parse one GLUE- or ELUE-layout tsv file. `labelled=False` (test splits) makes the label column optional."""
     try:
@@ -348,13 +391,16 @@ def read_tsv(spec: TaskSpec, path: Path, labelled: bool = True) -> list[Example]
     header = first if has_header else list(spec.headerless_columns)
     body_start = 1 if has_header else 0
     text_cols = [_find_column(header, names) for names in spec.text_columns]
-    if any(c is None for c in text_cols):
-        wanted = " / ".join("|".join(n) for n in spec.text_columns)
-        raise DataError(f"{path}:1: header {header} lacks the text column(s) {wanted} of task {spec.name}")
-    label_col = _find_column(header, spec.label_column)
-    if label_col is None and labelled:
-        raise DataError(f"{path}:1: header {header} has no label column ({'|'.join(spec.label_column)})")
-    index_col = _find_column(header, spec.index_column) if has_header else None
+    if any(c is None for c in text_cols) and spec.positions is not None:
+        text_cols, label_col, index_col = _official_positions(spec.positions, header, labelled, path)
+    else:
+        if any(c is None for c in text_cols):
+            wanted = " / ".join("|".join(n) for n in spec.text_columns)
+            raise DataError(f"{path}:1: header {header} lacks the text column(s) {wanted} of task {spec.name}")
+        label_col = _find_column(header, spec.label_column)
+        if label_col is None and labelled:
+            raise DataError(f"{path}:1: header {header} has no label column ({'|'.join(spec.label_column)})")
+        index_col = _find_column(header, spec.index_column) if has_header else None
 
     examples = []
     for number, line in enumerate(lines[body_start:], start=body_start + 1):

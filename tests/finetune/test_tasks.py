@@ -120,6 +120,50 @@ def test_elue_layout_fixtures(tmp_path):
     assert set(ELUE_TASKS) == {f"elue/{n}" for n in ELUE_FIXTURES}
 
 
+# Files whose header names none of our columns, laid out as the official ELUE processors read them (fastnlp/ElasticBERT
+# elue/elue.py): per task, a labelled row, the (text_a, text_b, label) expected from it, and a test row.
+ELUE_BY_POSITION = {
+    "SST-2": ("c0\tc1", "a great film\t1", ("a great film", None, 1), "i\tc1", "7\ta dull mess"),
+    "IMDb": ("c0\tc1", "what a waste\t0", ("what a waste", None, 0), "i\tc1", "7\tloved it"),
+    "SNLI": ("p\th\tx\ty", "A man.\tA person.\tz\t2", ("A man.", "A person.", 2), "i\tp\th", "7\tA dog.\tA cat."),
+    "SciTail": ("p\th\ty", "Water.\tIt boils.\t1", ("Water.", "It boils.", 1), "i\tp\th", "7\tSun.\tStar."),
+    "STS-B": ("s\tt\tsim", "A cat.\tA dog.\t0.4", ("A cat.", "A dog.", 0.4), "i\ts\tt", "7\tA.\tB."),
+    "MRPC": (
+        "q\ta\tb\ts\tt",
+        "1\t11\t12\tHe left.\tHe went.",
+        ("He left.", "He went.", 1),
+        "q\ta\tb\ts\tt",
+        "0\t1\t2\tX.\tY.",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ELUE_BY_POSITION))
+def test_elue_files_with_other_header_names_are_read_by_the_official_positions(tmp_path, name):
+    header, row, (text_a, text_b, label), test_header, test_row = ELUE_BY_POSITION[name]
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "dev.tsv").write_text(f"{header}\n{row}\n", encoding="utf-8")
+    (folder / "test.tsv").write_text(f"{test_header}\n{test_row}\n", encoding="utf-8")
+    (dev,) = load_split(f"elue/{name}", tmp_path, "dev")
+    assert (dev.text_a, dev.text_b) == (text_a, text_b) and dev.label == pytest.approx(label)
+    (test,) = load_split(f"elue/{name}", tmp_path, "test")
+    assert test.label is None and test.text_a == test_row.split("\t")[-2 if text_b else -1]
+    assert test.index == (0 if name == "MRPC" else 7)  # MRPC's test rows carry no index in the official reader
+
+
+def test_an_elue_file_too_narrow_for_the_official_positions_names_its_header(tmp_path):
+    (tmp_path / "SNLI").mkdir()
+    (tmp_path / "SNLI" / "dev.tsv").write_text("text\ny\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"dev.tsv:1: header \['text'\] names none of the expected columns"):
+        load_split("elue/SNLI", tmp_path, "dev")
+    # GLUE tasks keep the strict header check
+    (tmp_path / "RTE").mkdir()
+    (tmp_path / "RTE" / "dev.tsv").write_text("a\tb\tc\td\n0\tx\ty\tentailment\n", encoding="utf-8")
+    with pytest.raises(DataError, match="lacks the text column"):
+        load_split("RTE", tmp_path, "dev")
+
+
 def _write(tmp_path, task, split, text):
     folder = tmp_path / task
     folder.mkdir(exist_ok=True)
