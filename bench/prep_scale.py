@@ -3,13 +3,22 @@ user runs it (`python -m data_prep ...` under `/usr/bin/time`), and projected to
 
     python bench/prep_scale.py --sizes 100M,300M,1G --workdir /tmp/prep_scale --output docs/scale
 
-The inputs are the Gutenberg books and WikiText of ../shared/data given many times over as separate files (hard
-links in a scratch folder, so nothing is copied and nothing lands in the repository). Per size: wall time, CPU
-time, MB/s per core (input bytes ÷ CPU seconds), the peak RSS (the kernel's VmHWM) of the largest worker process
-and of the parent, then `finalize` (units → shards + manifest) and `verify` (re-hash everything) wall time and peak
-RSS. The projection:
-core-hours for 160 GB at the measured MB/s per core, and the wall time of a 64-task Slurm array with a stated number
-of cores per task, assuming storage keeps up (the measured finalize/verify throughputs say how fast it must be).
+The inputs are the Gutenberg books and WikiText of ../shared/data, whole copies of the corpus given many times over
+as separate files (hard links in a scratch folder, so nothing is copied and nothing lands in the repository; every
+size has the same mix of text). Per size, `--repeat` runs of `tokenize`, the sizes interleaved round by round (the
+best CPU time counts: runs of one size differ by up to 23 % on this shared machine): wall time, CPU
+time, MB/s per core (input bytes ÷ CPU seconds), the peak RSS of the largest worker process and of the parent, then
+`finalize` (units → shards + manifest) and `verify` (re-hash everything) wall time and peak RSS.
+
+Peak RSS: each run is under `/usr/bin/time -v`, whose figure is the exact high-water mark of the largest process of
+the tree (the kernel folds each reaped child's peak into its parent's); the parent's own peak is read from its
+VmHWM every 0.2 s, and when the tree's peak is above it, the tree's peak is a worker's. (Polling the workers' VmHWM
+alone read 59 MB for 100 MB of input in one run and 68 MB in the next two, whose exact peak was 68 MB: a peak in a
+worker's last 0.2 s before it exits escapes polling.)
+
+The projection: core-hours for 160 GB at the MB/s per core of the largest input, and the wall time of a 64-task
+Slurm array with a stated number of cores per task, assuming storage keeps up (the measured finalize/verify
+throughputs say how fast it must be).
 """
 
 from __future__ import annotations
@@ -38,7 +47,8 @@ def parse_size(text: str) -> int:
 
 
 def make_inputs(target: int, folder: Path) -> int:
-    """Hard links of the real corpus files, repeated until `target` bytes; returns the bytes linked."""
+    """Hard links of the real corpus files, whole copies of the corpus until at least `target` bytes (so every size
+    has the same mix of books and WikiText); returns the bytes linked."""
     sources = sorted((SHARED / "gutenberg").glob("*.txt")) + sorted((SHARED / "wikitext-2-raw").glob("*"))
     if not sources:
         raise SystemExit(f"{SHARED}: no corpus files (../shared/data is needed)")
@@ -48,8 +58,6 @@ def make_inputs(target: int, folder: Path) -> int:
         sub = folder / f"copy_{copy:04d}"
         sub.mkdir(parents=True)
         for src in sources:
-            if total >= target:
-                break
             os.link(src, sub / src.name)
             total += src.stat().st_size
         copy += 1
@@ -80,84 +88,103 @@ def _peak_rss_mb(pid: int) -> float:
     return 0.0
 
 
-def worker_peak_rss(cmd: list[str], env: dict) -> tuple[dict, float, float]:
-    """Run `cmd` and return (timing, parent peak MB, largest child peak MB), read from each process's VmHWM every
-    0.2 s. The high-water mark is kept by the kernel, so a short spike between two reads still counts (sampling the
-    current RSS instead missed them: 81 MB at 100 MB of input vs 104 MB at 1 GB was an artefact of how many spikes a
-    run gave it the chance to catch; the true peak is the same at every size). /usr/bin/time reports only the largest
-    process, not which one it was."""
+def tokenize_run(cmd: list[str], env: dict) -> dict:
+    """One `tokenize` under `/usr/bin/time -v`: wall and CPU time (workers included), the parent's peak RSS (its
+    VmHWM, read every 0.2 s) and the largest worker's (exact: the tree's peak when it is above the parent's)."""
     import psutil
 
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    ps = psutil.Process(proc.pid)
-    parent_peak, child_peaks = 0.0, {}
+    proc = subprocess.Popen(
+        ["/usr/bin/time", "-v", *cmd], env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    timer = psutil.Process(proc.pid)
+    parent_peak, worker_peaks = 0.0, {}
     while proc.poll() is None:
-        parent_peak = max(parent_peak, _peak_rss_mb(proc.pid))
         try:
-            children = ps.children(recursive=True)
+            (parent, *_) = timer.children() or [None]
+            workers = parent.children(recursive=True) if parent is not None else []
         except psutil.Error:
-            children = []
-        for child in children:
-            child_peaks[child.pid] = max(child_peaks.get(child.pid, 0.0), _peak_rss_mb(child.pid))
+            parent, workers = None, []
+        if parent is not None:
+            parent_peak = max(parent_peak, _peak_rss_mb(parent.pid))
+        for w in workers:
+            worker_peaks[w.pid] = max(worker_peaks.get(w.pid, 0.0), _peak_rss_mb(w.pid))
         time.sleep(0.2)
+    wall = time.perf_counter() - start
     err = proc.stderr.read()
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{err[-3000:]}")
-    return {"wall_s": time.perf_counter() - start}, parent_peak, max(child_peaks.values(), default=0.0)
+    fields = dict(re.findall(r"^\s*(.+?):\s+(.+)$", err, re.M))
+    cpu = float(fields["User time (seconds)"]) + float(fields["System time (seconds)"])
+    tree_peak = int(fields["Maximum resident set size (kbytes)"]) / 1024
+    polled = max(worker_peaks.values(), default=0.0)
+    return {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "parent_peak_rss_mb": parent_peak,
+        "worker_peak_rss_mb": max(polled, tree_peak) if tree_peak > parent_peak + 0.5 else polled,
+        "worker_peak_rss_polled_mb": polled,
+    }
 
 
-def measure(size: int, work: Path, workers: int) -> dict:
-    inputs = work / "inputs"
-    linked = make_inputs(size, inputs)
-    out = work / "prepared"
-    shutil.rmtree(out, ignore_errors=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    py = [sys.executable, "-m", "data_prep"]
+def tokenize_cmd(inputs: Path, out: Path, workers: int) -> list[str]:
     from elasticbert import minilm_dir
 
     vocab = str(minilm_dir() / "vocab.txt")
-    tok_cmd = [
-        *py,
-        "tokenize",
-        str(inputs),
-        "--output",
-        str(out),
-        "--tokenizer",
-        vocab,
-        "--workers",
-        str(workers),
-        "--no-finalize",
-        "--no-progress",
-        "--doc-boundary",
-        "auto",
+    return [
+        *[sys.executable, "-m", "data_prep", "tokenize", str(inputs), "--output", str(out)],
+        *["--tokenizer", vocab, "--workers", str(workers), "--no-finalize", "--no-progress", "--doc-boundary", "auto"],
     ]
-    tok = timed(tok_cmd, env)
-    shutil.rmtree(out, ignore_errors=True)
-    sampled, parent_peak, child_peak = worker_peak_rss(tok_cmd, env)
-    fin = timed([*py, "finalize", str(out)], env)
-    ver = timed([*py, "verify", str(out), "--workers", str(workers)], env)
-    manifest = json.loads((out / "manifest.json").read_text())
-    tokens = manifest["totals"]["tokens"]
-    result = {
-        "input_bytes": linked,
-        "tokens": tokens,
-        "workers": workers,
-        "tokenize_wall_s": tok["wall_s"],
-        "tokenize_cpu_s": tok["cpu_s"],
-        "mb_per_cpu_s": linked / 1e6 / tok["cpu_s"],
-        "mb_per_s_wall": linked / 1e6 / tok["wall_s"],
-        "worker_peak_rss_mb": child_peak,
-        "parent_peak_rss_mb": parent_peak,
-        "finalize_wall_s": fin["wall_s"],
-        "finalize_peak_rss_mb": fin["max_rss_mb"],
-        "verify_wall_s": ver["wall_s"],
-        "verify_peak_rss_mb": ver["max_rss_mb"],
-        "token_bytes": sum(s["bin_bytes"] for sp in manifest["splits"].values() for s in sp["shards"]),
-    }
-    shutil.rmtree(out, ignore_errors=True)
-    shutil.rmtree(inputs, ignore_errors=True)
-    return result
+
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def measure_all(sizes: list[int], work: Path, workers: int, repeat: int) -> list[dict]:
+    """Every size `repeat` times, interleaved (all sizes, then all sizes again: a slow spell of this shared machine
+    hits every size, not one), then `finalize` and `verify` on each size's last output. Per size: the best CPU
+    time, the peaks' maximum."""
+    inputs = [work / f"inputs_{i}" for i in range(len(sizes))]
+    outs = [work / f"prepared_{i}" for i in range(len(sizes))]
+    linked = [make_inputs(size, folder) for size, folder in zip(sizes, inputs)]
+    runs: list[list[dict]] = [[] for _ in sizes]
+    for round_ in range(repeat):
+        for i, (folder, out) in enumerate(zip(inputs, outs)):
+            shutil.rmtree(out, ignore_errors=True)
+            runs[i].append(tokenize_run(tokenize_cmd(folder, out, workers), ENV))
+            print(f"round {round_ + 1}: {linked[i] / 1e9:.2f} GB in {runs[i][-1]['cpu_s']:.0f} CPU-s", flush=True)
+    py = [sys.executable, "-m", "data_prep"]
+    rows = []
+    for i, out in enumerate(outs):
+        best = min(runs[i], key=lambda r: r["cpu_s"])
+        fin = timed([*py, "finalize", str(out)], ENV)
+        ver = timed([*py, "verify", str(out), "--workers", str(workers)], ENV)
+        manifest = json.loads((out / "manifest.json").read_text())
+        rows.append(
+            {
+                "input_bytes": linked[i],
+                "tokens": manifest["totals"]["tokens"],
+                "workers": workers,
+                "tokenize_wall_s": best["wall_s"],
+                "tokenize_cpu_s": best["cpu_s"],
+                "tokenize_cpu_s_runs": [r["cpu_s"] for r in runs[i]],
+                "mb_per_cpu_s": linked[i] / 1e6 / best["cpu_s"],
+                "mb_per_cpu_s_runs": [linked[i] / 1e6 / r["cpu_s"] for r in runs[i]],
+                "mb_per_s_wall": linked[i] / 1e6 / best["wall_s"],
+                "worker_peak_rss_mb": max(r["worker_peak_rss_mb"] for r in runs[i]),
+                "worker_peak_rss_runs_mb": [r["worker_peak_rss_mb"] for r in runs[i]],
+                "worker_peak_rss_polled_mb": [r["worker_peak_rss_polled_mb"] for r in runs[i]],
+                "parent_peak_rss_mb": max(r["parent_peak_rss_mb"] for r in runs[i]),
+                "finalize_wall_s": fin["wall_s"],
+                "finalize_peak_rss_mb": fin["max_rss_mb"],
+                "verify_wall_s": ver["wall_s"],
+                "verify_peak_rss_mb": ver["max_rss_mb"],
+                "token_bytes": sum(s["bin_bytes"] for sp in manifest["splits"].values() for s in sp["shards"]),
+            }
+        )
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(inputs[i], ignore_errors=True)
+    return rows
 
 
 def _mb(value: float) -> str:
@@ -183,31 +210,33 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="100M,300M,1G")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=2, help="tokenize runs per size (the best CPU time counts)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/prep_scale"))
     ap.add_argument("--output", type=Path, default=REPO / "docs" / "scale")
     args = ap.parse_args()
-    rows = []
-    for text in args.sizes.split(","):
-        rows.append(measure(parse_size(text), args.workdir, args.workers))
-        print(json.dumps(rows[-1], indent=1), flush=True)
+    rows = measure_all([parse_size(t) for t in args.sizes.split(",")], args.workdir, args.workers, args.repeat)
+    print(json.dumps(rows, indent=1), flush=True)
     proj = projection(rows)
     args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "prep_scale.json").write_text(json.dumps({"rows": rows, "projection_160gb": proj}, indent=1))
+    report = {"rows": rows, "projection_160gb": proj}
+    (args.output / "prep_scale.json").write_text(json.dumps(report, indent=1))
     lines = [
-        "| input | tokens | tokenize wall | MB/s per core | worker peak RSS | parent peak RSS | finalize | "
-        "finalize peak RSS | verify | verify peak RSS |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| input | tokens | tokenize wall | CPU (best of {args.repeat}) | MB/s per core (each run) | "
+        "worker peak RSS | parent peak RSS | finalize | finalize peak RSS | verify | verify peak RSS |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        each = " / ".join(f"{v:.2f}" for v in r["mb_per_cpu_s_runs"])
         lines.append(
             f"| {r['input_bytes'] / 1e9:.2f} GB | {r['tokens'] / 1e6:.0f} M | {r['tokenize_wall_s']:.0f} s | "
-            f"{r['mb_per_cpu_s']:.2f} | {_mb(r['worker_peak_rss_mb'])} | {r['parent_peak_rss_mb']:.0f} MB | "
+            f"{r['tokenize_cpu_s']:.0f} s | {r['mb_per_cpu_s']:.2f} ({each}) | "
+            f"{_mb(r['worker_peak_rss_mb'])} | {r['parent_peak_rss_mb']:.0f} MB | "
             f"{r['finalize_wall_s']:.1f} s | {r['finalize_peak_rss_mb']:.0f} MB | {r['verify_wall_s']:.1f} s | "
             f"{r['verify_peak_rss_mb']:.0f} MB |"
         )
     lines.append(
         f"| **160 GB (projected)** | | {proj['core_hours']:.0f} core-hours = {proj['array_wall_h']:.2f} h on "
-        f"{proj['array']} | | | | {proj['finalize_h']:.2f} h ({proj['finalize_mb_s']:.0f} MB/s) | | "
+        f"{proj['array']} | | | | | {proj['finalize_h']:.2f} h ({proj['finalize_mb_s']:.0f} MB/s) | | "
         f"{proj['verify_h']:.2f} h | |"
     )
     (args.output / "prep_scale.md").write_text("\n".join(lines) + "\n")
