@@ -59,6 +59,8 @@ def resolve_env(environ: Mapping[str, str] | None = None, export: bool | None = 
         export = environ is None
     if "RANK" in env and "WORLD_SIZE" in env:
         launcher = "deepspeed" if "CROSS_RANK" in env or "DS_LAUNCHER" in env else "torchrun"
+        if (env.get("SLURM_PROCID"), env.get("SLURM_NTASKS")) == (env["RANK"], env["WORLD_SIZE"]):
+            launcher = "srun"  # one task per rank, RANK/WORLD_SIZE exported from Slurm's (slurm/common.sh)
         rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
         local = int(env.get("LOCAL_RANK", rank))
         addr = env.get("MASTER_ADDR", "127.0.0.1")

@@ -1,7 +1,8 @@
 """The one base class of errors a user can fix, and the exit code every command maps it to.
 
 The one table of exit codes (also in the README's conventions): 0 done, 1 `data_prep verify` found problems,
-2 bad input, 3 training diverged, 4 a write failed, 75 preempted (requeue), 130 interrupted.
+2 bad input, 3 training diverged, 4 a write failed, 5 another rank of the job died, 75 preempted (requeue),
+130 interrupted.
 
 Each package raises its own subclasses (`data_prep.DataPrepError`, `elasticbert.CheckpointError`,
 `pretrain.checkpoint.ResumeError`, `finetune.tasks.DataError`, ...) with a message that names the file, line or key
@@ -17,6 +18,7 @@ EXIT_OK = 0
 EXIT_USER_ERROR = 2  # bad input: config, data, paths, incompatible checkpoint
 EXIT_DIVERGED = 3  # pretrain: a non-finite loss / gradient norm / weight; stopped without saving
 EXIT_WRITE_FAILED = 4  # a checkpoint or log could not be written (disk full, I/O error); nothing half-written kept
+EXIT_PEER_LOST = 5  # pretrain: a collective failed because another rank is gone; resubmit to resume from `latest`
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: checkpoint written after SIGTERM/SIGUSR1; requeue and rerun the same command
 EXIT_INTERRUPTED = 130  # Ctrl-C
 

@@ -166,6 +166,9 @@ class LoggingConfig:
     tb_interval: int = 1
     peak_tflops: float | None = None  # per device, for MFU; None: measured matmul peak on CPU, table on GPU
     log_samples: bool = False  # per rank, the sample ids of every micro-batch (RUN/samples_rank{r}.jsonl)
+    comm_timing: bool = (
+        False  # per step, seconds in DeepSpeed's collectives (`comm_s`; makes every collective blocking)
+    )
 
 
 @dataclass

@@ -125,6 +125,8 @@ def fill_ds_config(
     if leftovers:
         problems.append(f'DeepSpeed JSON fields left as "auto" that the run config cannot fill: {leftovers}')
     ds.setdefault("steps_per_print", 10**9)
+    if cfg.logging.comm_timing:  # DeepSpeed's comms profiler, read per step by pretrain.rank_report.CommTimer
+        ds["comms_logger"] = {"enabled": True, "prof_all": True, "verbose": False, "debug": False}
     if problems:
         raise ConfigError(problems, source="DeepSpeed config")
     return ds, layout

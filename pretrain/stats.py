@@ -54,6 +54,7 @@ class StepStats(_Reducible):
     masked: torch.Tensor  # () MLM targets
     padded: torch.Tensor  # () tokens including padding
     data_wait_s: torch.Tensor  # () seconds spent waiting for batches
+    comm_s: torch.Tensor  # () seconds in DeepSpeed's collectives (logging.comm_timing; else 0)
     preempt_votes: torch.Tensor  # () ranks that were signalled to save and stop
 
     @classmethod

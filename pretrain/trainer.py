@@ -24,12 +24,10 @@ checksums), run_dir.py (the directory and its lock), metrics.py.
 from __future__ import annotations
 
 import json
-import logging
-import os
 import shutil
 import signal
+import socket
 import time
-import warnings
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -62,25 +60,25 @@ from .config import RunConfig, validate
 from .corpora import open_data
 from .data import BlendedDataset, Collator, RankBatches, SampleOrder, batch_digest, collate
 from .ds_config import fill_ds_config, load_ds_json
-from .guards import RunWriteError, TrainingDiverged, describe_write_error, refuse_stale_build_locks, step_problem
+from .ds_runtime import import_deepspeed, quiet_deepspeed
+from .guards import (
+    RunWriteError,
+    TrainingDiverged,
+    describe_write_error,
+    peer_lost,
+    refuse_stale_build_locks,
+    step_problem,
+)
 from .integrity import LOAD_ERRORS, hash_files, list_files, share_of, verify_share, write_checksums
 from .metrics import MetricsLogger
 from .mfu import model_flops_utilization, peak_flops
 from .model_setup import build_model, init_source, param_groups
 from .precision import DeviceCaps, choose_precision, describe_precision, precision_of, step_precision_record
 from .preemption import PreemptionFlag, ignore_preemption_signals
+from .rank_report import CommTimer, StartupClock, host_memory_mb, summarize_memory, summarize_startup
 from .run_dir import RunLock, prepare_run_dir, release_inherited_locks, write_resolved_configs
 from .schedule import due, learning_rate, micro_seed
 from .stats import EvalSums, StepStats
-
-
-def _quiet_deepspeed() -> None:
-    os.environ.setdefault("DS_ACCELERATOR", "cpu" if not torch.cuda.is_available() else "cuda")
-    warnings.filterwarnings("ignore", message=r".*deprecated.*", category=FutureWarning)
-    warnings.filterwarnings("ignore", message=r".*torch\.distributed.*deprecated.*")
-    warnings.filterwarnings("ignore", category=UserWarning, module=r"deepspeed.*")
-    for name in ("DeepSpeed", "deepspeed", "torch.distributed"):
-        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _worker_init(worker_id: int) -> None:
@@ -102,7 +100,8 @@ class Trainer:
     ) -> None:
         """Every check that needs no process group: config, DeepSpeed JSON, run directory and its lock, data,
         checkpoint (compatibility and this rank's share of its files)."""
-        _quiet_deepspeed()
+        self.clock = StartupClock()
+        quiet_deepspeed("cuda" if torch.cuda.is_available() else "cpu")
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
@@ -134,6 +133,7 @@ class Trainer:
         if cfg.model.init_from is not None:
             init_source(cfg.model.init_from)  # a hub name not in the cache fails here, before the process group
         self.data = open_data(cfg, self.run_dir, need_valid=cfg.eval.interval > 0)
+        self.clock.mark("data_ready")
         self.groups = cfg.exit_groups()
         self.end_step = cfg.train.end_step()
         self.config_hash = cfg.semantic_hash()
@@ -169,29 +169,40 @@ class Trainer:
         self.dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def _memory_summary(self) -> dict[str, Any]:
+        """Peak host memory over the ranks (every rank calls this: it is a collective)."""
+        return summarize_memory(self._all_gather(host_memory_mb()), self.hosts)
+
     # ------------------------------------------------------------------ setup that needs the process group
     def _setup(self) -> None:
         """Process group, model, engine (resumed from the checkpoint if any), data loader, loggers."""
-        import deepspeed  # heavy: only once the cheap checks passed
-
+        deepspeed = import_deepspeed(self.ds_cfg["optimizer"]["type"])  # heavy: only once the cheap checks passed
         deepspeed.init_distributed(
             dist_backend="nccl" if self.device == "cuda" else "gloo", timeout=timedelta(minutes=60), verbose=False
         )
         if self.device == "cuda":
             torch.cuda.set_device(self.env.local_rank)
         self.dist = torch.distributed
+        self.clock.mark("rendezvous")
         problems = [p for rank_problems in self._all_gather(self.integrity_problems) for p in rank_problems]
         if problems:
             raise integrity_refusal(self.ckpt_dir, self.point.tag, problems)
         model, self.origin = build_model(self.cfg, int(self.data.special_ids["vocab_size"]), self.data.tokenizer_dir)
         self.model_config = model.config
+        self.clock.mark("model")
         if self.point is not None:
             check_architecture(self.ckpt_dir, self.point.tag, model.config)
         self.load_tag = self._checkpoint_to_load()
+        if self.point is not None and self.load_tag != self.point.tag:
+            self.clock.mark("converted")
         self.engine, *_ = deepspeed.initialize(
             model=model, model_parameters=param_groups(model, self.cfg.optim.weight_decay), config=self.ds_cfg
         )
+        self.clock.mark("engine")
         self.step, self.consumed = self._load_checkpoint()
+        if self.point is not None:
+            self.clock.mark("loaded")
+        self.comm_timer = CommTimer(self.cfg.logging.comm_timing)
         self.last_saved = self.step if self.point is not None else -1
         self.order = SampleOrder(
             [len(d) for d in self.data.train],
@@ -262,6 +273,9 @@ class Trainer:
         )
 
     def _announce(self) -> None:
+        gathered = self._all_gather((socket.gethostname(), self.clock.marks))
+        self.hosts = [host for host, _ in gathered]
+        startup = summarize_startup([marks for _, marks in gathered], self.hosts)
         n_params = sum(p.numel() for p in self.engine.module.parameters())
         if self.zero_stage == 3:
             n_params = sum(getattr(p, "ds_numel", p.numel()) for p in self.engine.module.parameters())
@@ -284,6 +298,10 @@ class Trainer:
             for d in self.config_diffs:
                 lines.append(f"  forced resume despite config change: {d}")
         lines += [f"  note: {n}" for n in self.data.notes]
+        lines.append(
+            f"  start-up across {self.world} rank(s), seconds since the first process started (last rank): "
+            + ", ".join(f"{phase} {p['s']:.1f} (rank {p['rank']} on {p['host']})" for phase, p in startup.items())
+        )
         for line in lines:
             self.metrics.write(line)
         self.metrics.event(
@@ -303,6 +321,8 @@ class Trainer:
             load_tag=self.load_tag,
             config_hash=self.config_hash,
             forced_diffs=self.config_diffs,
+            startup=startup,
+            memory=self._memory_summary(),
         )
 
     # ------------------------------------------------------------------------------------------- the loop
@@ -312,6 +332,12 @@ class Trainer:
             self._setup()
             self._announce()
             return self._train()
+        except RuntimeError as err:
+            where = f"rank {self.rank} on {socket.gethostname()}, step {getattr(self, 'step', 0)}"
+            lost = peer_lost(err, where, getattr(self, "hosts", []))
+            if lost is None:
+                raise
+            raise lost from None
         finally:
             self.preempt.restore()
             if hasattr(self, "metrics"):
@@ -357,7 +383,7 @@ class Trainer:
             self.save()
         if self.cfg.checkpoint.dump_final_weights:
             self.dump_weights(self.run_dir / "final_weights.safetensors")
-        self.metrics.event("end", step=self.step, consumed_samples=self.consumed)
+        self.metrics.event("end", step=self.step, consumed_samples=self.consumed, memory=self._memory_summary())
         return 0
 
     def _train_step(self, batches: Iterator[dict[str, torch.Tensor]], active: tuple[int, ...]) -> StepStats:
@@ -380,6 +406,7 @@ class Trainer:
             self.engine.step()
             stats.add_micro_batch(out, batch)
         stats.data_wait_s += wait
+        stats.comm_s += self.comm_timer.take() or 0.0
         stats.vote_preemption(self.preempt.requested)
         return stats
 
@@ -413,7 +440,9 @@ class Trainer:
             "tokens_per_s": tokens / elapsed,
             "padding_fraction": 1.0 - tokens / padded if padded else 0.0,
             "data_wait_s": float(stats.data_wait_s) / self.world,
+            **({"comm_s": float(stats.comm_s) / self.world} if self.comm_timer.enabled else {}),
             "step_time_s": elapsed,
+            "time": time.time(),
             "world_size": self.world,
             **precision,
         }
@@ -472,8 +501,13 @@ class Trainer:
                 f"{self.ckpt_dir / LATEST} stays on {latest or '(none)'}; free space or fix the filesystem, then "
                 "rerun the same command to resume from it"
             )
+        seconds = time.perf_counter() - t0
+        memory = self._memory_summary()
         if self.rank == 0:
-            self.metrics.event("checkpoint", step=self.step, tag=tag, seconds=time.perf_counter() - t0, removed=removed)
+            n_files = len(self._checksums)
+            self.metrics.event(
+                "checkpoint", step=self.step, tag=tag, seconds=seconds, files=n_files, removed=removed, memory=memory
+            )
         self.last_saved = self.step
 
     def _client_state(self) -> dict[str, Any]:

@@ -52,6 +52,8 @@
 #   EB_RANK_LOGS          1: each rank writes EB_LOG_DIR/<job name>-<job id>-r<restart>-rank<N>.log instead of the
 #                         job's output file (which then only gets these eb_log lines) [0: srun --label to the job log]
 #   EB_SRUN_ARGS          extra srun options, whitespace-separated (e.g. "--cpu-bind=none")
+#   EB_PEER_LOST_EXIT_CODE  the trainer's "a peer rank died" exit code [5]: a failed step's summary line names the
+#                         first task that failed for another reason (srun's "NODE: task N: Killed")
 
 eb_log() {
   printf '[eb-slurm %s job=%s restart=%s] %s\n' "$(date '+%F %T')" "${SLURM_JOB_ID:-none}" \
@@ -227,6 +229,9 @@ eb_run_preemptible() {
   if [ -n "$EB_GOT_SIGNAL" ]; then _eb_requeue "SIG$EB_GOT_SIGNAL arrived before the step started"; fi
   _eb_event start "$*"
   eb_log "step: $*"
+  local out offset # where srun's report of this step will start in the job output (appended to across restarts)
+  out=$(_eb_job_output)
+  offset=$(stat -c %s "$out" 2>/dev/null || echo 0)
   _eb_srun_cmd "$@"
   "${EB_SRUN_CMD[@]}" &
   EB_STEP_PID=$!
@@ -252,6 +257,21 @@ eb_run_preemptible() {
   elif [ -n "$EB_GOT_SIGNAL" ] && [ "${EB_REQUEUE_ON_SIGNAL:-1}" = 1 ]; then
     _eb_requeue "SIG$EB_GOT_SIGNAL received and the step exited $rc (resuming from the last checkpoint)"
   fi
-  eb_log "step failed (exit $rc)"
+  eb_log "step failed (exit $rc)$(_eb_first_failed_task "$out" "$offset")"
   exit "$rc"
+}
+
+# _eb_first_failed_task OUTPUT OFFSET: ": first to fail: NODE task N (REASON)" from srun's own report in the job
+# output after byte OFFSET (its "srun: error: NODE: task N: REASON" lines, in the order the tasks ended), skipping
+# the ranks that only exited because a peer was gone (EB_PEER_LOST_EXIT_CODE); "" when there is no such line.
+_eb_first_failed_task() {
+  local out=$1 offset=$2 lines first
+  [ -n "$out" ] && [ -r "$out" ] || return 0
+  lines=$(tail -c +"$((offset + 1))" "$out" 2>/dev/null | grep -E '^srun: error: [^:]+: tasks? [0-9]' || true)
+  [ -n "$lines" ] || return 0
+  first=$(grep -v -m1 "Exited with exit code ${EB_PEER_LOST_EXIT_CODE:-5}\$" <<<"$lines" || true)
+  [ -n "$first" ] || first=$(head -n1 <<<"$lines")
+  first=${first#srun: error: }
+  printf ': first to fail: %s task %s (%s); %s task line(s) in all' "${first%%:*}" \
+    "$(sed -E 's/^[^:]+: tasks? ([^:]+):.*/\1/' <<<"$first")" "${first##*: }" "$(wc -l <<<"$lines")"
 }

@@ -332,6 +332,9 @@ def test_slurm_variables_become_torch_distributed_ones():
         }
     )
     assert (torchrun.rank, torchrun.world_size, torchrun.master_port, torchrun.launcher) == (1, 2, 1234, "torchrun")
+    # slurm/common.sh exports Slurm's task ids as RANK/WORLD_SIZE: one srun task per rank
+    exported = resolve_env(dict(env, RANK="5", WORLD_SIZE="16", LOCAL_RANK="1", MASTER_ADDR="gpu07", MASTER_PORT="9"))
+    assert (exported.rank, exported.world_size, exported.master_port, exported.launcher) == (5, 16, 9, "srun")
     alone = resolve_env({})
     assert (alone.rank, alone.world_size, alone.launcher) == (0, 1, "none")
 

@@ -39,13 +39,14 @@ def test_step_stats_pack_reduce_unpack():
     for base in (1.0, 2.0):
         stats.add_micro_batch(_out(3, base), _batch())
     stats.data_wait_s += 0.5
+    stats.comm_s += 0.25
     stats.vote_preemption(False)
-    assert stats.pack().shape == (4 * 3 + 6,) and stats.pack().dtype == torch.float64
+    assert stats.pack().shape == (4 * 3 + 7,) and stats.pack().dtype == torch.float64
     dist = TwoRanks()
     total = stats.all_reduce(dist)
     assert dist.calls == 1 and not total.preempted
     assert float(total.loss) == 60.0 and float(total.tokens) == 2 * 2 * 14 and float(total.masked) == 12
-    assert float(total.padded) == 64 and float(total.data_wait_s) == 1.0
+    assert float(total.padded) == 64 and float(total.data_wait_s) == 1.0 and float(total.comm_s) == 0.5
     means = total.exit_means(4)
     assert means["mlm_loss"] == [1.5, 3.0, 4.5] and means["sop_loss"] == [2.5, 4.0, 5.5]
     assert list(means) == ["mlm_loss", "sop_loss", "mlm_accuracy", "sop_accuracy"]

@@ -1,6 +1,7 @@
 """A real Slurm cluster on this box for tests marked ``@pytest.mark.slurm`` (see local_cluster.sh): the host's own
-node (partition ``debug``, the default) and two compute nodes ebnode1/ebnode2 in their own network and UTS
-namespaces (partition ``multi``: distinct host names and addresses, ranks talk over a veth/bridge network).
+node (partition ``debug``, the default) and eight compute nodes ebnode1..8 in their own network and UTS namespaces
+(partition ``scale``: all eight; ``multi``: ebnode1/ebnode2; distinct host names and addresses, ranks talk over a
+veth/bridge network).
 
 The session fixture ``slurm_cluster`` starts the cluster once (installing the Debian packages if missing), and stops
 it at the end only if a pytest session started it and no other pytest session still uses it (a shared flock on

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # local_cluster.sh - a real Slurm 22.05 cluster for the tests on this one box (Debian 12, no systemd, run as root):
 # the host's own node (partition `debug`, the default) plus SLURM_LOCAL_NODES "remote" compute nodes ebnode1..N
-# (partition `multi`), each a slurmd in its own network namespace (a veth pair onto a bridge, its own address
-# 10.77.0.1I) and its own UTS namespace (its own host name), so a job spanning them sees distinct host names and
-# addresses and its ranks talk over a real network path, as on a cluster.
+# (partition `scale`: all of them; partition `multi`: the first two), each a slurmd in its own network namespace (a
+# veth pair onto a bridge, its own address 10.77.0.1I) and its own UTS namespace (its own host name), so a job
+# spanning them sees distinct host names and addresses and its ranks talk over a real network path, as on a cluster.
+# Each namespace node is declared as a GPU node of the users' cluster would be (SLURM_LOCAL_NODE_CPUS CPUs,
+# SLURM_LOCAL_FAKE_GPUS "gpus"), so `sbatch --nodes=8 --ntasks-per-node=8 --cpus-per-task=1 slurm/pretrain_base.sh`
+# is accepted as on that cluster: every node shares this box's cores (SlurmdParameters=config_overrides).
 #
 #   tests/slurm/local_cluster.sh install   install missing Debian packages (slurm, munge, shellcheck, iproute2) only
 #   tests/slurm/local_cluster.sh start     install if needed, create the bridge/namespaces/veths and the /etc/hosts
@@ -19,10 +22,12 @@
 #   SLURM_LOCAL_RUN_DIR    pid records, records of what start created, daemon stdout, apt log [/tmp/elasticbert-slurm]
 #   SLURM_LOCAL_TIMEOUT    seconds to wait for each readiness step          [60]
 #   SLURM_LOCAL_PARTITION  partition of the host's own node (the default)   [debug]
-#   SLURM_LOCAL_NODES      namespace nodes ebnode1..N in partition `multi`; 0 = the host's node only [2]
+#   SLURM_LOCAL_NODES      namespace nodes ebnode1..N (partition `scale`; `multi` = ebnode1,2); 0 = the host's
+#                          node only [8]
+#   SLURM_LOCAL_NODE_CPUS  CPUs each namespace node declares (oversubscribed copies of this box's cores) [8]
 #   SLURM_LOCAL_NET        the /24 (first three octets) of the bridge (.1, where slurmctld is reached) and of the
 #                          nodes (ebnodeI = .(10+I))                       [10.77.0]
-#   SLURM_LOCAL_FAKE_GPUS  advertise N fake "gpu" GRES per node (symlinks to /dev/null; NOT real GPUs) [2]
+#   SLURM_LOCAL_FAKE_GPUS  advertise N fake "gpu" GRES per node (symlinks to /dev/null; NOT real GPUs) [8]
 #
 # Why namespaces and not Slurm's multiple-slurmd mode: Debian's 22.05.8 build does support that mode (`scontrol show
 # config` says MULTIPLE_SLURMD=Yes), but all its slurmds share the host's name and address (they differ by port only),
@@ -38,8 +43,10 @@ RUN_DIR=${SLURM_LOCAL_RUN_DIR:-/tmp/elasticbert-slurm}
 TIMEOUT=${SLURM_LOCAL_TIMEOUT:-60}
 PARTITION=${SLURM_LOCAL_PARTITION:-debug}
 MULTI_PARTITION=multi
-FAKE_GPUS=${SLURM_LOCAL_FAKE_GPUS:-2}
-NODES=${SLURM_LOCAL_NODES:-2}
+SCALE_PARTITION=scale
+FAKE_GPUS=${SLURM_LOCAL_FAKE_GPUS:-8}
+NODES=${SLURM_LOCAL_NODES:-8}
+NODE_CPUS=${SLURM_LOCAL_NODE_CPUS:-8}
 NET=${SLURM_LOCAL_NET:-10.77.0}
 BRIDGE=ebbr0
 CONF=/etc/slurm/slurm.conf
@@ -61,6 +68,7 @@ dump_logs() {
 die() { echo "local_cluster: ERROR: $*" >&2; dump_logs; exit 1; }
 
 [[ "$NODES" =~ ^[0-9]$ ]] || die "SLURM_LOCAL_NODES='$NODES': want 0-9"
+[[ "$NODE_CPUS" =~ ^[1-9][0-9]{0,2}$ ]] || die "SLURM_LOCAL_NODE_CPUS='$NODE_CPUS': want 1-999"
 [[ "$NET" =~ ^[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$ ]] || die "SLURM_LOCAL_NET='$NET': want three octets, e.g. 10.77.0"
 
 host_node() {
@@ -259,7 +267,11 @@ write_conf() {
   [ -n "$mem" ] || mem=$(($(awk '/MemTotal/{print $2}' /proc/meminfo) / 1024))
   mem=$((mem * 90 / 100))
   local hwline="CPUs=${cpus} Sockets=${sock} CoresPerSocket=${cores} ThreadsPerCore=${thr} RealMemory=${mem}"
+  # the namespace nodes: sized like the users' GPU nodes (NODE_CPUS cores each), all sharing this box's cores
+  local ns_hwline="CPUs=${NODE_CPUS} Sockets=1 CoresPerSocket=${NODE_CPUS} ThreadsPerCore=1 RealMemory=${mem}"
+  local multi_list
   ns_list=$(ns_nodes | paste -sd, -)
+  multi_list=$(ns_nodes | head -n 2 | paste -sd, -)
   ns_addrs=$(ns_nodes | while read -r n; do ns_addr "$n"; done | paste -sd, -)
   if [ "$FAKE_GPUS" -gt 0 ]; then # a gpu GRES needs File= char devices: symlinks to /dev/null
     gres_hdr="GresTypes=gpu" gres_node="Gres=gpu:$FAKE_GPUS"
@@ -271,8 +283,8 @@ write_conf() {
     printf '%s\nAutoDetect=off\nNodeName=%s Name=gpu File=%s/gpu[0-%d]\n' \
       "$MARK" "$(all_nodes | paste -sd, -)" "$fake_dir" $((FAKE_GPUS - 1)) >"$new.gres"
   fi
-  # The namespace nodes are oversubscribed copies of this box (same CPUs/memory each): fine for tests that ask for
-  # one or two CPUs per node.
+  # The namespace nodes are oversubscribed copies of this box (its memory each, NODE_CPUS cores each: slurmd would
+  # report this box's own count and drain them, hence config_overrides).
   cat >"$new" <<EOC
 $MARK
 ClusterName=elasticbert-ci
@@ -303,14 +315,16 @@ SlurmctldLogFile=/var/log/slurm/slurmctld.log
 SlurmdLogFile=/var/log/slurm/slurmd-%n.log
 JobCompType=jobcomp/filetxt
 JobCompLoc=/var/log/slurm/jobcomp.log
+SlurmdParameters=config_overrides
 $gres_hdr
 NodeName=${NODE} NodeAddr=127.0.0.1 ${hwline} ${gres_node} State=UNKNOWN
 PartitionName=${PARTITION} Nodes=${NODE} Default=YES MaxTime=INFINITE State=UP
 EOC
   if [ "$NODES" -gt 0 ]; then
     cat >>"$new" <<EOC
-NodeName=${ns_list} NodeAddr=${ns_addrs} ${hwline} ${gres_node} State=UNKNOWN
-PartitionName=${MULTI_PARTITION} Nodes=${ns_list} MaxTime=INFINITE State=UP
+NodeName=${ns_list} NodeAddr=${ns_addrs} ${ns_hwline} ${gres_node} State=UNKNOWN
+PartitionName=${MULTI_PARTITION} Nodes=${multi_list} MaxTime=INFINITE State=UP
+PartitionName=${SCALE_PARTITION} Nodes=${ns_list} MaxTime=INFINITE State=UP
 EOC
   fi
   local changed=0
@@ -335,7 +349,8 @@ EOC
     done
     install -m 0644 "$new" "$CONF"
     if [ -f "$new.gres" ]; then install -m 0644 "$new.gres" /etc/slurm/gres.conf; else rm -f /etc/slurm/gres.conf; fi
-    log "wrote $CONF (nodes $(all_nodes | paste -sd' ' -), CPUs=$cpus RealMemory=$mem fake GPUs=$FAKE_GPUS each)"
+    log "wrote $CONF (nodes $(all_nodes | paste -sd' ' -), CPUs=$cpus (namespace nodes $NODE_CPUS)" \
+      "RealMemory=$mem fake GPUs=$FAKE_GPUS each)"
   fi
   rm -f "$new" "$new.gres"
 }
@@ -441,7 +456,7 @@ cmd_start() {
   local states=()
   for n in $(all_nodes); do states+=("$n=$(wait_node_ready "$n")"); done
   local parts="$PARTITION: $NODE"
-  [ "$NODES" = 0 ] || parts+=", $MULTI_PARTITION: $(ns_nodes | paste -sd, -)"
+  [ "$NODES" = 0 ] || parts+=", $MULTI_PARTITION: $(ns_nodes | head -n 2 | paste -sd, -), $SCALE_PARTITION: $(ns_nodes | paste -sd, -)"
   log "ready: ${states[*]} (partitions $parts) after $(($(date +%s) - T_START))s"
 }
 

@@ -20,7 +20,8 @@ from pretrain_runs import (
     events,
     last_step,
     metrics_by_step,
-    preempt,
+    preempt_and_resume,
+    preempt_onto_fewer_nodes,
     submit_pretrain,
 )
 
@@ -144,25 +145,9 @@ def test_two_node_preemption_requeue_then_requeue_onto_one_node(
     _, ref_dir = two_node_run
     run_dir = tmp_path / "preempted"
     jid = submit_pretrain(slurm_cluster, run_dir, tiny_corpus, TWO_NODES)
-    slurm_cluster.wait_until("step 2", lambda: last_step(run_dir) >= 2, 600, jid, poll=0.1)
-    preempt(slurm_cluster, jid)
-
-    def resumed_and_stepping() -> bool:
-        saved = events(run_dir, "preempted")
-        return len(events(run_dir, "start")) == 2 and bool(saved) and last_step(run_dir) >= saved[0]["step"] + 2
-
-    slurm_cluster.wait_until("the resumed run to make 2 steps", resumed_and_stepping, 600, jid, poll=0.1)
+    preempt_and_resume(slurm_cluster, jid, run_dir, steps_after=2, timeout=600, poll=0.1)
     try:
-        slurm_cluster.set_node_state(multi_nodes[1], "DRAIN")
-        preempt(slurm_cluster, jid)
-
-        def pending_again() -> bool:
-            recs = slurm_cluster.jobs(jid)
-            return len(recs) == 1 and recs[0]["Restarts"] == "2" and recs[0]["JobState"] == "PENDING"
-
-        slurm_cluster.wait_until("the second requeue", pending_again, 300, jid)
-        r = slurm_cluster.run("scontrol", "update", f"JobId={jid}", "NumNodes=1-1", "NumTasks=1", "NumCPUs=1")
-        assert r.returncode == 0, r.stderr
+        preempt_onto_fewer_nodes(slurm_cluster, jid, [multi_nodes[1]], nodes=1, tasks=1)
         rec = slurm_cluster.wait_state(jid, "COMPLETED", timeout=600)
     finally:
         slurm_cluster.set_node_state(multi_nodes[1], "RESUME")

@@ -114,3 +114,26 @@ def test_scripts_source_only_common_sh():
     for p in (REPO / "slurm").glob("*.sh"):
         sources = re.findall(r"^\s*(?:source|\.)\s+(\S+)", p.read_text(), re.M)
         assert all(s.endswith('/slurm/common.sh"') for s in sources), (p.name, sources)
+
+
+def test_a_failed_step_names_the_first_task_that_did_not_just_lose_a_peer(tmp_path):
+    """srun reports each task as it ends; the task killed first, not the survivors that exited 5 ("a peer is
+    gone", pretrain.guards.PeerLost), is the one the failed step's summary line names."""
+    out = tmp_path / "job.out"
+    earlier = "srun: error: n9: task 3: Killed\n"  # a previous run of the job, before the step's offset
+    out.write_text(
+        earlier
+        + " 4: pretrain: error: rank 4 on n2, step 6: a collective failed because another rank of the job is gone\n"
+        + "srun: error: n2: tasks 4-5: Exited with exit code 5\n"
+        + "srun: error: n5: task 17: Killed\n"
+        + "srun: error: n1: task 0: Exited with exit code 5\n"
+    )
+    script = f'source "{REPO}/slurm/common.sh"; _eb_first_failed_task "$1" "$2"'
+    r = subprocess.run(["bash", "-c", script, "t", str(out), str(len(earlier))], capture_output=True, text=True)
+    assert r.stdout == ": first to fail: n5 task 17 (Killed); 3 task line(s) in all", r.stderr
+    out.write_text(earlier + "srun: error: n2: tasks 4-5: Exited with exit code 1\n")
+    r = subprocess.run(["bash", "-c", script, "t", str(out), str(len(earlier))], capture_output=True, text=True)
+    assert r.stdout == ": first to fail: n2 task 4-5 (Exited with exit code 1); 1 task line(s) in all"
+    out.write_text(earlier)  # nothing from srun after the offset: no claim
+    r = subprocess.run(["bash", "-c", script, "t", str(out), str(len(earlier))], capture_output=True, text=True)
+    assert r.stdout == "" and r.returncode == 0
