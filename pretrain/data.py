@@ -672,3 +672,22 @@ class Collator:
 
     def __call__(self, items: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
         return collate(items, self.pad_id)
+
+
+def train_loader(
+    datasets: Sequence[Any],
+    batches: RankBatches,
+    pad_id: int,
+    num_workers: int,
+    worker_init: Callable[[int], None] | None = None,
+) -> torch.utils.data.DataLoader:
+    """This rank's micro-batches (`batches`), built in `num_workers` worker processes when > 0."""
+    return torch.utils.data.DataLoader(
+        BlendedDataset(datasets),
+        batch_sampler=batches,
+        collate_fn=Collator(pad_id),
+        num_workers=num_workers,
+        worker_init_fn=worker_init if num_workers else None,
+        prefetch_factor=4 if num_workers else None,
+        persistent_workers=False,
+    )

@@ -40,6 +40,15 @@ class TrainingDiverged(UserError):
 
     exit_code = EXIT_DIVERGED
 
+    @classmethod
+    def at(cls, problem: str, step: int, latest_file: Path, latest: str | None) -> TrainingDiverged:
+        return cls(
+            f"{problem} at step {step}: training stopped without saving; {latest_file} stays on "
+            f"{latest or '(no checkpoint yet)'}, and nothing after a non-finite step is ever checkpointed. Lower "
+            "optim.lr, check the data, or resume from an older checkpoint (rerunning resumes from latest and "
+            "meets the same step again)"
+        )
+
 
 BUILD_LOCK_STALE_S = 15 * 60  # a build takes seconds to a few minutes; a baton this old has no builder left
 

@@ -106,9 +106,14 @@ class MetricsLogger:
             )
 
     def eval(self, record: dict[str, Any]) -> None:
+        """One validation: eval.jsonl, a line, TensorBoard."""
         if not self.enabled:
             return
         self._append(self.eval_path, {**record, "attempt": self.attempt})
+        losses = " ".join(f"{x:.3f}" for x in record["mlm_loss"])
+        self.write(
+            f"valid @ step {record['step']}: MLM loss by exit {losses}; SOP acc (top) {record['sop_accuracy'][-1]:.3f}"
+        )
         if self._tb is not None:
             step = record["step"]
             for i, layer in enumerate(record["exits"]):

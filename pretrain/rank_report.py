@@ -8,6 +8,7 @@ writes the summaries below.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from typing import Any
 
@@ -58,6 +59,13 @@ def summarize_startup(marks: list[dict[str, float]], hosts: list[str]) -> dict[s
         }
         previous = phase
     return out
+
+
+def gather_startup(group: Any, clock: StartupClock) -> tuple[list[str], dict[str, Any]]:
+    """(every rank's host name, `summarize_startup` of every rank's marks): one collective, every rank calls it."""
+    gathered = group.all_gather((socket.gethostname(), clock.marks))
+    hosts = [host for host, _ in gathered]
+    return hosts, summarize_startup([marks for _, marks in gathered], hosts)
 
 
 def host_memory_mb() -> dict[str, float]:

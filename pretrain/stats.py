@@ -15,6 +15,41 @@ from typing import Any, TypeVar
 import torch
 
 T = TypeVar("T", bound="_Reducible")
+
+
+class Group:
+    """The process group as the trainer's components use it: this rank, the world size, and the few collectives they
+    agree through. With one process every call is local (no process group needed)."""
+
+    def __init__(self, rank: int, world: int, dist: Any = None) -> None:
+        self.rank, self.world, self.dist = rank, world, dist
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """`obj` of every rank (how the ranks agree on a failure only some of them saw)."""
+        if self.world == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        self.dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank."""
+        if self.world == 1:
+            return obj
+        box = [obj]
+        self.dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            self.dist.barrier()
+
+    def all_reduce(self, tensor: torch.Tensor) -> None:
+        """Sum `tensor` over the ranks, in place."""
+        if self.world > 1:
+            self.dist.all_reduce(tensor)
+
+
 PER_EXIT = ("mlm_loss", "sop_loss", "mlm_accuracy", "sop_accuracy")
 
 

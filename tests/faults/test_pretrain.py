@@ -49,6 +49,7 @@ BOOTSTRAP = textwrap.dedent(
     point, kill_tag, pause_at, go = sys.argv[1], f"global_step{sys.argv[2]}", int(sys.argv[3]), sys.argv[4]
     args = sys.argv[sys.argv.index("--") + 1:]
     from deepspeed.runtime.engine import DeepSpeedEngine
+    import pretrain.checkpointer as C
     import pretrain.trainer as T
 
     def die():
@@ -63,19 +64,19 @@ BOOTSTRAP = textwrap.dedent(
             return out
         DeepSpeedEngine.save_checkpoint = save_checkpoint
     elif point == "before_checksums":
-        write_checksums = T.write_checksums
+        write_checksums = C.write_checksums
         def checksums(tag_dir, entries):
             if Path(tag_dir).name == kill_tag:
                 die()
             return write_checksums(tag_dir, entries)
-        T.write_checksums = checksums
+        C.write_checksums = checksums
     elif point == "before_latest":
-        commit_latest = T.commit_latest
+        commit_latest = C.commit_latest
         def latest(ckpt_dir, tag):
             if tag == kill_tag:
                 die()
             return commit_latest(ckpt_dir, tag)
-        T.commit_latest = latest
+        C.commit_latest = latest
     if pause_at:
         log_step = T.MetricsLogger.step
         def step(self, record):
