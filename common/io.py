@@ -3,6 +3,7 @@
 Everything is written under a temporary name in the destination's directory (same filesystem, so the final
 `os.replace` is atomic), flushed and fsynced, then renamed; the directory is fsynced so the rename survives a crash.
 `atomic_path` does the same for anything a library writes by path (safetensors, `save_pretrained`, a directory).
+`read_object` is the one reader of a JSON or YAML object that names the file in every failure.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from .errors import UserError
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -71,10 +74,16 @@ def atomic_path(path: str | os.PathLike, replace: bool = True) -> Iterator[Path]
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path` atomically (see the module docstring)."""
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
+    """Write `data` to `path` atomically (see the module docstring). A failed write raises its OSError naming
+    `path` (a failed `write()` on an open file names no file by itself)."""
+    try:
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+    except OSError as err:
+        if not err.filename:
+            err.filename = str(path)
+        raise
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -85,4 +94,38 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2,
     """JSON text written atomically; returns the bytes written (callers may hash them)."""
     data = (json.dumps(obj, indent=indent, sort_keys=sort_keys, ensure_ascii=False) + "\n").encode("utf-8")
     atomic_write_bytes(path, data)
+    return data
+
+
+def read_object(
+    path: str | os.PathLike, error: type[Exception] = UserError, what: str = "a JSON object", hint: str = ""
+) -> dict[str, Any]:
+    """The mapping a JSON file (or a YAML one: `.yaml`/`.yml`) holds, read back with every failure as one `error`
+    naming the file (and, for JSON, the line and column): missing, unreadable, not UTF-8, not valid JSON/YAML, not
+    `what` (an object; an empty YAML file is an empty one). `hint` says what to do and ends every message."""
+    path = Path(path)
+    tail = f"; {hint}" if hint else ""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{path}: no such file{tail}") from None
+    except UnicodeDecodeError as err:
+        raise error(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}){tail}") from None
+    except OSError as err:
+        raise error(f"{path}: cannot read it ({err.strerror or err}){tail}") from None
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise error(f"{path}: not valid YAML ({err}){tail}") from None
+        data = {} if data is None else data
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise error(f"{path}:{err.lineno}:{err.colno}: not valid JSON ({err.msg}){tail}") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: expected {what}, found {type(data).__name__}{tail}")
     return data

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from common.io import atomic_path, fsync_dir
+from common.io import atomic_path, atomic_write_json, fsync_dir
 
 from . import sources as S
 from .errors import DataPrepError, output_errors
@@ -69,7 +69,7 @@ from .plan import (
 from .shard_format import FORMAT, concat_shards, read_idx_header
 from .stats import DEFAULT_MAX_UNK_FRACTION, UnkGuard, unk_fraction_problem
 from .tokenizer import check_tokenizer_dir, load_meta, resolve_tokenizer, tokenizer_file
-from .util import atomic_write_json, read_json_record
+from .util import CANONICAL, read_json_record
 from .workers import Progress, UnitContext, run_units, unit_size
 
 __all__ = ["PrepConfig", "finalize_dir", "iter_corpus_texts", "slurm_task", "tokenize_corpus"]
@@ -192,7 +192,7 @@ def _tokenize(
     finally:
         bar.close()
     record = _task_record(ctx, phash, mine, todo, (j, J), time.perf_counter() - t0, run.workers)
-    atomic_write_json(task_record_path(out, j, J), record)
+    atomic_write_json(task_record_path(out, j, J), record, **CANONICAL)
     if run.finalize or (run.finalize is None and J == 1):
         return finalize_dir(out, max_unk_fraction=run.max_unk_fraction)
     return record
@@ -281,7 +281,7 @@ def _record_plan(out: Path, plan: dict[str, Any], phash: str) -> None:
             out,
             plan_difference(old["plan"], plan),
         )
-    atomic_write_json(plan_path, {"plan_hash": phash, "plan": plan})
+    atomic_write_json(plan_path, {"plan_hash": phash, "plan": plan}, **CANONICAL)
 
 
 def _read_plan(plan_path: Path) -> dict[str, Any]:
@@ -374,7 +374,7 @@ def _finalize(out: Path, max_unk_fraction: float) -> dict[str, Any]:
     }
     manifest = _manifest(plan, phash, meta, infos, splits)
     _check_totals(out, manifest)
-    atomic_write_json(manifest_path, manifest)
+    atomic_write_json(manifest_path, manifest, **CANONICAL)
     _prune_units(out, keys)
     log.info(
         "%s: finalized: %d train + %d valid shards, %d tokens",

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from common.io import atomic_path
+from common.io import atomic_path, atomic_write_json
 
 from .errors import DataPrepError, output_errors
 from .reader import PreparedCorpus
-from .util import atomic_write_json
+from .util import CANONICAL
 
 log = logging.getLogger("data_prep")
 
@@ -221,5 +221,5 @@ def corpus_stats(out_dir: str | os.PathLike, output_dir: str | os.PathLike | Non
                 describe_unk(unk, tokens),
                 DEFAULT_MAX_UNK_FRACTION,
             )
-        atomic_write_json(pdir / "stats.json", result)
+        atomic_write_json(pdir / "stats.json", result, **CANONICAL)
     return result

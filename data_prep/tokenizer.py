@@ -39,12 +39,12 @@ import numpy as np
 
 from common.config import choice_problem
 from common.hub import TOKENIZER_FILES, is_hub_id, resolve_pretrained
-from common.io import atomic_path
+from common.io import atomic_path, atomic_write_json
 
 from .errors import DataPrepError, with_path
 from .shard_format import token_dtype
 from .splitter import split_sentences
-from .util import atomic_write_json, canonical_json, read_json, sha256_bytes, sha256_file
+from .util import CANONICAL, canonical_json, read_json, sha256_bytes, sha256_file
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 SPECIAL_KEYS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
@@ -113,7 +113,7 @@ def write_meta(directory: Path, kind: str, lowercase: bool) -> dict[str, Any]:
         "sha256": sha256_bytes(canonical_json(files).encode()),
         "dtype": str(token_dtype(vocab_size)),
     }
-    atomic_write_json(directory / META, meta)
+    atomic_write_json(directory / META, meta, **CANONICAL)
     return meta
 
 
@@ -194,8 +194,8 @@ def _write_hf_files(directory: Path, lowercase: bool) -> None:
         "tokenize_chinese_chars": True,
         **specials,
     }
-    atomic_write_json(directory / "tokenizer_config.json", config)
-    atomic_write_json(directory / "special_tokens_map.json", specials)
+    atomic_write_json(directory / "tokenizer_config.json", config, **CANONICAL)
+    atomic_write_json(directory / "special_tokens_map.json", specials, **CANONICAL)
 
 
 def _save_wordpiece(directory: Path, vocab: list[str], lowercase: bool) -> None:

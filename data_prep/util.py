@@ -1,5 +1,5 @@
-"""Small helpers: canonical JSON (so manifests compare byte for byte), hashing, and canonical JSON written atomically
-(through `common.io`, the one temp-then-rename helper)."""
+"""Small helpers: canonical JSON (so manifests compare byte for byte; written atomically by `common.io`, the one
+temp-then-rename helper, with `**CANONICAL`), hashing, and reading back a JSON record data_prep wrote."""
 
 from __future__ import annotations
 
@@ -8,16 +8,21 @@ import json
 import os
 from typing import Any
 
-from common.io import atomic_write_bytes
+from common.io import read_object
 
-from .errors import DataPrepError, with_path
+from .errors import DataPrepError
 
 HASH_BLOCK = 8 << 20
 
 
+# data_prep's JSON files are canonical: equal content gives equal bytes (and hashes), whatever wrote it
+CANONICAL = {"indent": 1, "sort_keys": True}
+
+
 def canonical_json(obj: Any) -> str:
-    """Deterministic JSON text (sorted keys, fixed separators) so equal content gives equal bytes and hashes."""
-    return json.dumps(obj, sort_keys=True, indent=1, ensure_ascii=False) + "\n"
+    """Deterministic JSON text (sorted keys, fixed separators): what `atomic_write_json(path, obj, **CANONICAL)`
+    writes."""
+    return json.dumps(obj, ensure_ascii=False, **CANONICAL) + "\n"
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -36,17 +41,6 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> bytes:
-    """Canonical JSON written atomically (`common.io.atomic_write_bytes`); returns the bytes written (callers hash
-    them)."""
-    data = canonical_json(obj).encode("utf-8")
-    try:
-        atomic_write_bytes(path, data)
-    except OSError as err:  # a failed write() names no file
-        raise with_path(err, path) from None
-    return data
-
-
 def read_json(path: str | os.PathLike) -> Any:
     with open(path, encoding="utf-8") as f:
         return json.load(f)
@@ -55,12 +49,4 @@ def read_json(path: str | os.PathLike) -> Any:
 def read_json_record(path: str | os.PathLike, todo: str) -> dict[str, Any]:
     """A JSON object written by data_prep; a damaged one (not UTF-8 JSON, not an object) is a DataPrepError naming
     the file and saying what to do (`todo`)."""
-    try:
-        obj = read_json(path)
-    except OSError as err:
-        raise DataPrepError(f"{path}: cannot read ({err.strerror or err}); {todo}") from None
-    except ValueError as err:  # JSONDecodeError and UnicodeDecodeError
-        raise DataPrepError(f"{path}: damaged, not valid UTF-8 JSON ({err}); {todo}") from None
-    if not isinstance(obj, dict):
-        raise DataPrepError(f"{path}: damaged, a JSON {type(obj).__name__} instead of an object; {todo}")
-    return obj
+    return read_object(path, DataPrepError, "a JSON object (the file is damaged)", hint=todo)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import json
 import pickle
 import re
 import zipfile
@@ -36,7 +35,7 @@ from transformers import PreTrainedModel
 
 from common.errors import UserError
 from common.hub import resolve_pretrained
-from common.io import atomic_write_json
+from common.io import atomic_write_json, read_object
 
 from .configuration import ElasticBertConfig
 from .exit_setting import EarlyExitSetting
@@ -135,15 +134,7 @@ def read_config(directory: Path) -> dict:
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{directory}: not a model directory (no config.json)")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as err:
-        raise CheckpointError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from err
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path}: invalid JSON ({err})") from err
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{path}: expected a JSON object of config fields, found {type(raw).__name__}")
-    return raw
+    return read_object(path, CheckpointError, "a JSON object of config fields")
 
 
 def save_early_exit(
@@ -206,10 +197,10 @@ def _read_weights_file(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _read_sharded(index: Path) -> dict[str, torch.Tensor]:
+    weight_map = read_object(index, CheckpointError, "a weights index (a JSON object with a weight_map)")
     try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        shards = sorted(set(weight_map.values()))
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+        shards = sorted(set(weight_map["weight_map"].values()))
+    except (KeyError, TypeError, AttributeError) as err:
         raise CheckpointError(f"{index}: not a weights index (a JSON object with a weight_map)") from err
     state: dict[str, torch.Tensor] = {}
     for shard in shards:

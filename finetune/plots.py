@@ -11,10 +11,11 @@ early-exit Pareto plot. Matplotlib (and scikit-learn for the projections) are im
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
+
+from common.io import read_object
 
 from .early_exit.rules import STRATEGIES
 from .tasks import DataError, TaskSpec
@@ -61,13 +62,8 @@ def read_angles(run_dir: str | Path) -> tuple[Path, dict]:
     source = run_dir / "acl_diagnostics.json" if run_dir.is_dir() else run_dir
     if not source.is_file():
         raise DataError(f"{source}: no ACL diagnostics (train with a contrastive --objective to record angles)")
-    try:
-        diag = json.loads(source.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as err:
-        raise DataError(f"{source}: not UTF-8 text ({err})") from None
-    except json.JSONDecodeError as err:
-        raise DataError(f"{source}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None
-    missing = [k for k in ("records", "threshold", "scope") if not isinstance(diag, dict) or k not in diag]
+    diag = read_object(source, DataError, "an ACL diagnostics file")
+    missing = [k for k in ("records", "threshold", "scope") if k not in diag]
     if missing or not isinstance(diag["records"], list):
         raise DataError(f"{source}: not an ACL diagnostics file (lacks {missing or ['a records list']})")
     if any(not isinstance(r, dict) or "angle" not in r or "dropped" not in r for r in diag["records"]):

@@ -32,6 +32,7 @@ from common.dist import resolve_env
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
 from common.io import atomic_path, atomic_write_json
+from common.run_dir import RunWriteError
 from elasticbert import ElasticBertForSequenceClassification, LoadReport
 
 from .acl_grad import AngleRecord, ExitTerms, gated_backward
@@ -52,7 +53,7 @@ from .model import (
 )
 from .objectives import acl_cl_loss, acl_embed_loss, kd_loss, scl_loss, task_loss
 from .plots import plot_layer_curve
-from .run_dir import RunWriteError, check_run_dir, claim_run_dir
+from .run_dir import check_run_dir, claim_run_dir
 from .tasks import Example, TaskSpec, get_task, load_split
 
 ExitOutputs = dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> (representation h^e, logits)

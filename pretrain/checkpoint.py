@@ -17,7 +17,6 @@ any point leaves `latest` on a committed checkpoint; a write error (a full disk)
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
-from common.io import atomic_path, atomic_write_text
+from common.io import atomic_path, atomic_write_text, read_object
 
 from .integrity import CHECKSUMS, hash_files, list_files, verify_share, write_checksums
 
@@ -90,15 +89,14 @@ def resolve_tag(ckpt_dir: Path, tag: str | None) -> str:
 
 def read_client_state(ckpt_dir: Path, tag: str) -> dict[str, Any]:
     p = ckpt_dir / tag / CLIENT_STATE
-    try:
-        state = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not p.is_file():
         raise ResumeError(
             f"{p} is missing: checkpoint {tag} was not committed by this trainer{older_hint(ckpt_dir, tag)}"
-        ) from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ResumeError(f"{p} is corrupt: {e}{older_hint(ckpt_dir, tag)}") from None
-    bad = [k for k in ("step", "consumed_samples") if not isinstance(state, dict) or type(state.get(k)) is not int]
+        )
+    state = read_object(
+        p, ResumeError, "a client state object", hint=f"the checkpoint is corrupt{older_hint(ckpt_dir, tag)}"
+    )
+    bad = [k for k in ("step", "consumed_samples") if type(state.get(k)) is not int]
     if bad:
         raise ResumeError(
             f"{p} lacks an integer {' and '.join(bad)}: not written by this trainer{older_hint(ckpt_dir, tag)}"
@@ -184,12 +182,9 @@ def check_architecture(ckpt_dir: Path, tag: str, model_config: Any) -> None:
     """The model built for this run must have the checkpoint's weight shapes (export/config.json records them);
     catches what the config comparison cannot see (a changed model.init_from, another vocabulary)."""
     path = ckpt_dir / tag / "export" / "config.json"
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ResumeError(f"{path} is missing: checkpoint {tag} was not committed by this trainer") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ResumeError(f"{path} is corrupt: {e}") from None
+    if not path.is_file():
+        raise ResumeError(f"{path} is missing: checkpoint {tag} was not committed by this trainer")
+    saved = read_object(path, ResumeError, "a model config object", hint="the checkpoint is corrupt")
     differ = [
         f"{k}={saved.get(k)} in the checkpoint but {getattr(model_config, k, None)} in this run (model.{k})"
         for k in SHAPE_KEYS

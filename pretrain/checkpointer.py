@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from common.io import atomic_path, atomic_write_text
+from common.run_dir import RunDirError, RunWriteError, describe_write_error
 
 from .checkpoint import (
     CLIENT_STATE,
@@ -39,7 +40,6 @@ from .checkpoint import (
     read_latest,
     tag_for,
 )
-from .guards import RunWriteError, describe_write_error
 from .integrity import LOAD_ERRORS, hash_files, list_files, share_of, verify_share, write_checksums
 from .stats import Group
 
@@ -49,6 +49,10 @@ class Checkpointer:
 
     def __init__(self, run_dir: Path, rank: int, world: int, keep_last: int, verify_checksums: bool) -> None:
         self.dir = Path(run_dir) / "checkpoints"
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunDirError(f"cannot create {self.dir}: {e.strerror or e}") from None
         self.rank, self.world = rank, world
         self.keep_last = keep_last
         self.verify_checksums = verify_checksums

@@ -569,6 +569,12 @@ def save_config(cfg: RunConfig, path: Path) -> None:
     atomic_write_text(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
+def write_resolved_configs(run_dir: Path, cfg: RunConfig, ds_config: dict[str, Any]) -> None:
+    """RUN/config.yaml (the resolved run config) and RUN/ds_config.json (the filled DeepSpeed config)."""
+    save_config(cfg, run_dir / "config.yaml")
+    atomic_write_text(run_dir / "ds_config.json", json.dumps(ds_config, indent=2))
+
+
 def resolve_path(path: str, base: Path | None = None) -> Path:
     """Expand ~ and $VARS; a relative path is taken from the CWD if it exists there, else from the repo root."""
     p = Path(os.path.expandvars(os.path.expanduser(path)))

@@ -9,10 +9,11 @@ the run config is an error rather than a silent winner.
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from common.io import read_object
 
 from .config import REPO_ROOT, ConfigError, RunConfig, resolve_path
 from .precision import DeviceCaps, apply_precision, choose_precision, precision_problems
@@ -44,13 +45,7 @@ def load_ds_json(path: str | Path) -> dict[str, Any]:
             f"DeepSpeed config {p} does not exist (a relative path is read from the current directory, else from "
             f"{REPO_ROOT}; the shipped ones are in the repository's ds_configs/)"
         )
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"DeepSpeed config {p} is not valid UTF-8 JSON: {e}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"DeepSpeed config {p}: top level must be an object")
-    return data
+    return read_object(p, ConfigError, "a JSON object", hint="the DeepSpeed config (--ds-config, train.ds_config)")
 
 
 def batch_layout(cfg: RunConfig, world_size: int) -> BatchLayout:

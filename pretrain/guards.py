@@ -1,6 +1,7 @@
 """What stops a training run loudly instead of letting it waste compute or overwrite a good checkpoint: a non-finite
-step, a write that failed (a full disk), and a peer rank that died. Each has its own exit code, so a batch script
-never requeues them (slurm/common.sh requeues on 75 only) and an operator can tell them from bad input (2).
+step, a peer rank that died, and (common.run_dir.RunWriteError) a write that failed. Each has its own exit code, so
+a batch script never requeues them (slurm/common.sh requeues on 75 only) and an operator can tell them from bad
+input (2).
 
 Non-finite steps: the trainer *stops* (no rollback). After every optimizer step the all-reduced loss and DeepSpeed's
 global gradient norm (identical on every rank, so every rank stops at the same step) must be finite; in fp16 a
@@ -23,7 +24,6 @@ later job then hangs at start-up until its time limit: refused at start instead,
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 import re
@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from common.errors import EXIT_DIVERGED, EXIT_PEER_LOST, EXIT_WRITE_FAILED, UserError
+from common.errors import EXIT_DIVERGED, EXIT_PEER_LOST, UserError
 
 
 class TrainingDiverged(UserError):
@@ -55,12 +55,6 @@ BUILD_LOCK_STALE_S = 15 * 60  # a build takes seconds to a few minutes; a baton 
 
 class StaleBuildLock(UserError):
     """A torch extension build lock left by a killed build: the op's next load would wait for it forever."""
-
-
-class RunWriteError(UserError):
-    """Writing a checkpoint or a log failed (ENOSPC, EIO, ...); `latest` still names the last committed one."""
-
-    exit_code = EXIT_WRITE_FAILED
 
 
 class PeerLost(UserError):
@@ -112,14 +106,6 @@ def step_problem(loss: float, grad_norm: float | None, step_skipped: bool, preci
             return None  # fp16 overflow: DeepSpeed skipped the update and lowered the loss scale
         return f"non-finite gradient norm ({grad_norm})"
     return None
-
-
-def describe_write_error(err: BaseException) -> str:
-    """An OSError (or the RuntimeError torch.save wraps one in) as one line, with a hint for a full disk."""
-    text = f"{type(err).__name__}: {err}"
-    full = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
-    full = full or "No space left on device" in str(err) or "file write failed" in str(err)
-    return text + (" (the disk or quota is full)" if full else "")
 
 
 def extension_build_root() -> Path:

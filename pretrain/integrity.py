@@ -20,7 +20,6 @@ central directory): a truncated file is named even when checksums are skipped (`
 
 from __future__ import annotations
 
-import json
 import pickle
 import zipfile
 from collections.abc import Iterable, Mapping
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
-from common.io import atomic_write_json
+from common.io import atomic_write_json, read_object
 from data_prep.util import sha256_file
 
 CHECKSUMS = "checksums.json"
@@ -84,11 +83,8 @@ def read_checksums(tag_dir: Path) -> dict[str, dict[str, Any]] | None:
     path = Path(tag_dir) / CHECKSUMS
     if not path.is_file():
         return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise IntegrityError(f"{path} is corrupt ({e}); the checkpoint cannot be verified") from None
-    files = data.get("files") if isinstance(data, dict) else None
+    data = read_object(path, IntegrityError, "a checksums object", hint="the checkpoint cannot be verified")
+    files = data.get("files")
     if not isinstance(files, dict) or data.get("format") != FORMAT or data.get("algorithm") != ALGORITHM:
         raise IntegrityError(f"{path}: not a checksums file of format {FORMAT} ({ALGORITHM})")
     return files

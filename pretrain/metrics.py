@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .guards import RunWriteError, describe_write_error
+from common.run_dir import RunWriteError, describe_write_error
 
 
 def _jsonable(v: Any) -> Any:

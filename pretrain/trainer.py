@@ -17,7 +17,8 @@ are all recomputed, not restored. The checkpoint is verified (checksums, truncat
 The components the loop calls live beside it: checkpointer.py (resume, save, load: the commit protocol),
 evaluation.py (validation), corpora.py (data), model_setup.py (model), schedule.py (lr, seeds, when to save /
 evaluate), stats.py (what crosses the ranks), rank_report.py (start-up, memory, collective time per rank), mfu.py,
-precision.py (bf16/fp16/fp32 and the loss scaler), guards.py (what stops a run), run_dir.py, metrics.py.
+precision.py (bf16/fp16/fp32 and the loss scaler), guards.py (what stops a run), metrics.py; the run directory and
+its lock are common.run_dir's.
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ import torch
 
 from common.dist import DistEnv, resolve_env
 from common.errors import EXIT_PREEMPTED
+from common.run_dir import RunLock, prepare_run_dir, release_inherited_locks
 
 from .checkpoint import LATEST, read_latest
 from .checkpointer import Checkpointer, dump_weights, export_files_writer, nonfinite_weight_tensors
-from .config import RunConfig, validate
+from .config import RunConfig, validate, write_resolved_configs
 from .corpora import open_data
 from .data import RankBatches, SampleOrder, batch_digest, train_loader
 from .ds_config import fill_ds_config, load_ds_json
@@ -51,7 +53,6 @@ from .model_setup import build_model, init_source, param_groups
 from .precision import DeviceCaps, choose_precision, describe_precision, precision_of, step_precision_record
 from .preemption import PreemptionFlag, ignore_preemption_signals
 from .rank_report import CommTimer, StartupClock, gather_startup, host_memory_mb, summarize_memory
-from .run_dir import RunLock, prepare_run_dir, release_inherited_locks, write_resolved_configs
 from .schedule import due, learning_rate, micro_seed
 from .stats import Group, StepStats
 

@@ -13,13 +13,13 @@ delta), the LTE head file the sweep used, and the maximum length it was measured
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import ConfigError
+from common.io import read_object
 
 from ..tasks import DataError
 from .rules import PREDICT_STRATEGIES
@@ -59,15 +59,7 @@ class OperatingPoint:
 
 def load_result(path: str | Path) -> dict:
     """An `early-exit` result JSON; a missing, unreadable or foreign file names itself."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file (pass the JSON `finetune early-exit` wrote)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not UTF-8 text ({err})") from None
-    except json.JSONDecodeError as err:
-        raise DataError(f"{path}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None
+    data = read_object(path, DataError, "an early-exit result", hint="pass the JSON `finetune early-exit` wrote")
     if not is_early_exit_result(data):
         raise DataError(f"{path}: not an early-exit result (its 'format' is not elasticbert-early-exit/...)")
     for key in ("full_model", "strategies"):

@@ -264,7 +264,7 @@ def test_damaged_work_files_are_named(tmp_path, dp, small_books, vocab):
     for args in (base, ["finalize", str(out)]):
         r = dp.run_cli(*args)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
-        assert f"{plan}: damaged, not valid UTF-8 JSON" in r.stderr and "delete it and rerun tokenize" in r.stderr
+        assert f"{plan}:" in r.stderr and "not valid JSON" in r.stderr and "delete it and rerun tokenize" in r.stderr
     plan.unlink()  # what the message says to do: the finished units are reused
     r = dp.run_cli(*base)
     assert r.returncode == 0, r.stderr
@@ -273,7 +273,7 @@ def test_damaged_work_files_are_named(tmp_path, dp, small_books, vocab):
     manifest = out / "manifest.json"
     manifest.write_text("{")
     r = dp.run_cli(*base)
-    assert r.returncode == 2 and f"{manifest}: damaged, not valid UTF-8 JSON" in r.stderr and "new --output" in r.stderr
+    assert r.returncode == 2 and f"{manifest}:1:2: not valid JSON" in r.stderr and "new --output" in r.stderr
 
 
 def test_submit_passes_the_unk_threshold_to_finalize(tmp_path, dp):

@@ -104,7 +104,8 @@ def test_a_running_run_is_refused_and_a_killed_one_does_not_stay_locked(tmp_path
         [
             sys.executable,
             "-c",
-            f"from finetune.run_dir import RunLock; lock = RunLock({str(run)!r}).acquire(); "
+            "from pathlib import Path; from common.dist import resolve_env; from common.run_dir import RunLock; "
+            f"lock = RunLock.acquire(Path({str(run)!r}), resolve_env(export=False), who='`finetune train`'); "
             "print('held', flush=True); import time; time.sleep(120)",
         ],
         stdout=subprocess.PIPE,
@@ -115,7 +116,7 @@ def test_a_running_run_is_refused_and_a_killed_one_does_not_stay_locked(tmp_path
         assert holder.stdout.readline().strip() == "held"
         for extra in ([], ["--overwrite"]):  # --overwrite never replaces a running run
             err = error_of(capsys, train_argv(glue, run, *extra))
-            assert "another `finetune train` is writing this run (pid" in err
+            assert f"{run} is in use by another `finetune train`: pid {holder.pid} on host" in err
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()

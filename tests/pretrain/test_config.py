@@ -411,9 +411,9 @@ def test_save_and_eval_are_due_by_step():
 
 def test_user_errors_share_one_base_and_exit_code():
     from common.errors import EXIT_PREEMPTED, UserError
+    from common.run_dir import RunDirError
     from pretrain.checkpoint import ResumeError
     from pretrain.preemption import EXIT_PREEMPTED as PREEMPTED
-    from pretrain.run_dir import RunDirError
 
     assert issubclass(ResumeError, UserError) and issubclass(RunDirError, UserError)
     assert PREEMPTED == EXIT_PREEMPTED == 75

@@ -85,7 +85,7 @@ def test_a_checkpoint_without_checksums_is_refused_unless_told(tmp_path):
     assert verify_share(tmp_path / tag, 0, 1, use_checksums=False) == []
     (tmp_path / tag / CHECKSUMS).write_bytes(b"\xff\xfe not json")
     [problem] = verify_share(tmp_path / tag, 0, 1)
-    assert "checksums.json is corrupt" in problem
+    assert "checksums.json: not UTF-8 text" in problem and "cannot be verified" in problem
 
 
 def test_older_committed_checkpoints_are_offered(tmp_path):
@@ -124,7 +124,7 @@ def test_prune_keeps_the_newest_committed_checkpoints_not_the_newest_directories
 
 HOLD = (
     "import sys, time; from pathlib import Path; from common.dist import DistEnv; "
-    "from pretrain.run_dir import RunLock; "
+    "from common.run_dir import RunLock; "
     "RunLock.acquire(Path(sys.argv[1]), DistEnv(0, 1, 0, '127.0.0.1', 1, 'none')); "
     "print('held', flush=True); time.sleep(120)"
 )
@@ -133,7 +133,7 @@ HOLD = (
 def test_the_run_directory_lock_between_two_processes(tmp_path):
     """A second process is refused with the holder's pid and host; SIGKILL of the holder frees the lock at once."""
     from common.dist import DistEnv
-    from pretrain.run_dir import RunDirError, RunLock
+    from common.run_dir import RunDirError, RunLock
 
     env = DistEnv(0, 1, 0, "127.0.0.1", 1, "none")
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True)
@@ -161,14 +161,14 @@ def test_a_forked_worker_does_not_keep_the_lock(tmp_path):
     trainer even while a worker lingers."""
     code = (
         "import os, sys, time; from pathlib import Path; from common.dist import DistEnv; "
-        "from pretrain.run_dir import RunLock, release_inherited_locks; "
+        "from common.run_dir import RunLock, release_inherited_locks; "
         "RunLock.acquire(Path(sys.argv[1]), DistEnv(0, 1, 0, '127.0.0.1', 1, 'none')); "
         "pid = os.fork()\n"
         "if pid == 0:\n    release_inherited_locks(); time.sleep(60); os._exit(0)\n"
         "print(pid, flush=True); time.sleep(60)"
     )
     from common.dist import DistEnv
-    from pretrain.run_dir import RunLock
+    from common.run_dir import RunLock
 
     trainer = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True)
     worker = int(trainer.stdout.readline())
