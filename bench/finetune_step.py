@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from elasticbert import minilm_dir
-from finetune.config import TrainConfig
+from finetune.config import from_shortcuts
 from finetune.data import encode_examples, load_tokenizer
 from finetune.methods import Phase, build_phases
 from finetune.model import build_model
@@ -48,14 +48,12 @@ class Case:
 
 def build_case(name: str, args: argparse.Namespace, phase_index: int = 0, **overrides: object) -> Case:
     """A trainer positioned at the start of one phase of a method, ready for `train_step`."""
-    cfg = TrainConfig(
-        model=str(args.model), task=args.task, output=tempfile.mkdtemp(), progress=False, log_angles=False, **overrides
-    )
-    task = get_task(cfg.task)
+    cfg = from_shortcuts(model=str(args.model), task=args.task, progress=False, log_angles=False, **overrides)
+    task = get_task(cfg.data.task)
     set_seed(0)
     model, _ = build_model(cfg, task)
-    trainer = Trainer(cfg, task, model, tokenizer=None, train=[], dev=[])
-    phase = build_phases(cfg.method, list(model.exit_layers))[phase_index]
+    trainer = Trainer(cfg, task, model, tokenizer=None, train=[], dev=[], run_dir=Path(tempfile.mkdtemp()))
+    phase = build_phases(cfg.method.name, list(model.exit_layers))[phase_index]
     optimizer, scheduler = trainer.start_phase(phase, total=10_000)
     return Case(name, trainer, phase, optimizer, scheduler, times=[], cpu=[])
 

@@ -67,19 +67,28 @@ def add_max_examples(
 
 
 def config_argument(
-    parser: argparse.ArgumentParser | Any, cls: type, name: str, *flags: str, help: str | None = None, **overrides: Any
+    parser: argparse.ArgumentParser | Any,
+    cls: type,
+    name: str,
+    *flags: str,
+    help: str | None = None,
+    shortcut: bool = False,
+    **overrides: Any,
 ) -> argparse.Action:
-    """An option for dataclass field `cls.name`: its default, its `Literal` choices, its type; booleans become
-    `--x/--no-x`. `overrides` are passed to `add_argument` as they are (e.g. `type=` for a field needing parsing)."""
-    field = {f.name: f for f in dataclasses.fields(cls)}[name]
-    tp, _ = strip_optional(field_types(cls)[name])
+    """An option for dataclass field `cls.name` (`name` may be dotted through nested sections: `optim.lr`): its
+    default, its `Literal` choices, its type; booleans become `--x/--no-x`. A `shortcut` stands for one config key
+    (dest = the dotted key) and is absent from the parsed namespace unless given, so that it overrides a config file
+    only when the user wrote it; `--help` still shows the config's default. `overrides` go to `add_argument`."""
+    owner, field_name = _owner_of(cls, name)
+    field = {f.name: f for f in dataclasses.fields(owner)}[field_name]
+    tp, _ = strip_optional(field_types(owner)[field_name])
     if field.default is not dataclasses.MISSING:
         default = field.default
     elif field.default_factory is not dataclasses.MISSING:
         default = field.default_factory()
     else:
         default = None
-    kwargs: dict[str, Any] = {"dest": name, "default": default}
+    kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS if shortcut else default}
     choices = literal_choices(tp)
     if choices is not None:
         kwargs.update(choices=choices, type=type(choices[0]))
@@ -89,6 +98,19 @@ def config_argument(
         kwargs["type"] = tp
     kwargs.update(overrides)
     if help is not None:
-        suffix = "" if "%(default)" in help or default is None else " (default: %(default)s)"
-        kwargs["help"] = help + suffix
-    return parser.add_argument(*(flags or (f"--{name.replace('_', '-')}",)), **kwargs)
+        shown = "" if default is None or default == "" else f" (default: {default})"
+        kwargs["help"] = help if "%(default)" in help else help + shown.replace("%", "%%")
+    return parser.add_argument(*(flags or (f"--{field_name.replace('_', '-')}",)), **kwargs)
+
+
+def _owner_of(cls: type, dotted: str) -> tuple[type, str]:
+    """The dataclass that declares the last part of `dotted`, and that part."""
+    *sections, name = dotted.split(".")
+    for section in sections:
+        cls = strip_optional(field_types(cls)[section])[0]
+    return cls, name
+
+
+def given_config_keys(args: argparse.Namespace) -> dict[str, Any]:
+    """The config keys the command line gave through shortcuts (`config_argument(..., shortcut=True)`)."""
+    return {key: value for key, value in vars(args).items() if "." in key}

@@ -98,11 +98,16 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2,
 
 
 def read_object(
-    path: str | os.PathLike, error: type[Exception] = UserError, what: str = "a JSON object", hint: str = ""
+    path: str | os.PathLike,
+    error: type[Exception] = UserError,
+    what: str = "a JSON object",
+    hint: str = "",
+    yaml_text: bool | None = None,
 ) -> dict[str, Any]:
-    """The mapping a JSON file (or a YAML one: `.yaml`/`.yml`) holds, read back with every failure as one `error`
-    naming the file (and, for JSON, the line and column): missing, unreadable, not UTF-8, not valid JSON/YAML, not
-    `what` (an object; an empty YAML file is an empty one). `hint` says what to do and ends every message."""
+    """The mapping a JSON file (or a YAML one: `.yaml`/`.yml`, any suffix with `yaml_text`) holds, read back with
+    every failure as one `error` naming the file (and, for JSON, the line and column): missing, unreadable, not UTF-8,
+    not valid JSON/YAML, not `what` (an object; an empty YAML file is an empty one). `hint` says what to do and ends
+    every message."""
     path = Path(path)
     tail = f"; {hint}" if hint else ""
     try:
@@ -113,7 +118,7 @@ def read_object(
         raise error(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}){tail}") from None
     except OSError as err:
         raise error(f"{path}: cannot read it ({err.strerror or err}){tail}") from None
-    if path.suffix in (".yaml", ".yml"):
+    if yaml_text or (yaml_text is None and path.suffix in (".yaml", ".yml")):
         import yaml
 
         try:
@@ -121,11 +126,29 @@ def read_object(
         except yaml.YAMLError as err:
             raise error(f"{path}: not valid YAML ({err}){tail}") from None
         data = {} if data is None else data
-    else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise error(f"{path}:{err.lineno}:{err.colno}: not valid JSON ({err.msg}){tail}") from None
+        if not isinstance(data, dict):
+            raise error(f"{path}: expected {what}, found {type(data).__name__}{tail}")
+        return data
+    return parse_object(text, str(path), error, what, hint)
+
+
+def parse_object(
+    text: str,
+    where: str,
+    error: type[Exception] = UserError,
+    what: str = "a JSON object",
+    hint: str = "",
+    record: bool = False,
+) -> dict[str, Any]:
+    """The JSON object `text` holds (a file's content, or with `record` one line of a JSONL file), every failure one
+    `error` at `where` — `FILE:LINE:COLUMN` for a file, `where` (which names the line) and the column for a record."""
+    tail = f"; {hint}" if hint else ""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        if record:
+            raise error(f"{where}: not valid JSON ({err.msg} at column {err.colno}){tail}") from None
+        raise error(f"{where}:{err.lineno}:{err.colno}: not valid JSON ({err.msg}){tail}") from None
     if not isinstance(data, dict):
-        raise error(f"{path}: expected {what}, found {type(data).__name__}{tail}")
+        raise error(f"{where}: expected {what}, found {type(data).__name__}{tail}")
     return data

@@ -21,13 +21,14 @@ from __future__ import annotations
 import codecs
 import glob
 import gzip
-import json
 import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
+
+from common.io import parse_object
 
 from .errors import DataPrepError
 
@@ -624,12 +625,7 @@ class DocumentReader:
 
     def _parse_record(self, raw: bytes, offset: int) -> str | None:
         line = self._decode(raw, offset)
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataPrepError(f"{self._where(offset)}: malformed JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(rec, dict):
-            raise DataPrepError(f"{self._where(offset)}: JSONL record is a {type(rec).__name__}, not an object")
+        rec = parse_object(line, self._where(offset), DataPrepError, "a JSON object per line", record=True)
         if self.text_field not in rec:
             keys = ", ".join(list(rec)[:8]) or "none"
             raise DataPrepError(

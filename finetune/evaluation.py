@@ -21,7 +21,7 @@ from common.hub import resolve_pretrained
 from common.io import atomic_write_json, atomic_write_text
 from elasticbert import ElasticBertForSequenceClassification
 
-from .config import TrainConfig
+from .config import load_run_config
 from .data import EncodedSplit, add_data_dir, forward_in_order, load_tokenizer, subsample
 from .model import add_device, check_max_length, exit_logits, load_finetuned, model_device, resolve_device
 from .plots import plot_layer_curve
@@ -117,7 +117,7 @@ def evaluate_model(
     model = load_finetuned(model_dir, purpose="scoring them").to(place)
     if max_length is None:
         run_config = model_dir.parent / "run_config.json"
-        max_length = TrainConfig.load(run_config).max_length if run_config.is_file() else 128
+        max_length = load_run_config(run_config).data.max_length if run_config.is_file() else 128
     check_max_length(model, max_length, model_dir)
     task = task_for(model, task_name)
     if model.config.num_labels != task.num_labels:

@@ -16,13 +16,14 @@ fast pipe fills whole batches.
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
+
+from common.io import parse_object
 
 from .tasks import DataError
 
@@ -73,12 +74,7 @@ def _text(value: object, where: str, field: str) -> str:
 
 def parse_record(line: str, where: str) -> TextInput:
     """One JSONL line as a text or a pair (see the module docstring for the field names)."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
-    if not isinstance(record, dict):
-        raise DataError(f"{where}: expected a JSON object with a text field, got {type(record).__name__}")
+    record = parse_object(line, where, DataError, "a JSON object with a text field", record=True)
     ident = record.get("id")
     for first, second in PAIR_FIELDS:
         if first in record and second in record:

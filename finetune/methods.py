@@ -21,7 +21,7 @@ class Phase:
     teacher: int | None = None  # exit whose detached outputs serve KD / ACL-CL targets
     freeze_backbone: bool = False  # embeddings, encoder layers and the teacher exit
     alternate: bool = False  # ALT
-    epochs_key: str = "epochs"  # which config field sets this phase's length
+    epochs_key: str = "train.epochs"  # which config key sets this phase's length
 
     @property
     def last_exit(self) -> int:
@@ -54,7 +54,7 @@ def build_phases(method: str, exits: list[int]) -> list[Phase]:
     if method == "2st":
         return [
             Phase("stage1", (last,)),
-            Phase("stage2", tuple(exits[:-1]), teacher=last, freeze_backbone=True, epochs_key="stage2_epochs"),
+            Phase("stage2", tuple(exits[:-1]), teacher=last, freeze_backbone=True, epochs_key="method.stage2_epochs"),
         ]
     raise ValueError(f"unknown method {method!r}")
 

@@ -30,12 +30,13 @@ from common.hub import resolve_pretrained
 from elasticbert import CheckpointError, ElasticBertForSequenceClassification, LoadReport, load_pretrained
 from elasticbert.loading import read_config
 
-from .config import TrainConfig
+from .config import FinetuneConfig, TrainConfig
 from .tasks import TaskSpec
 
 
 def add_device(parser: argparse.ArgumentParser | Any) -> None:
-    """`--device auto|cpu|cuda`, the same for every command that runs a model (choices and default: TrainConfig)."""
+    """`--device auto|cpu|cuda`, the same for every command that runs a model (choices and default: the config's
+    train.device)."""
     config_argument(parser, TrainConfig, "device", help="where the model runs (auto: CUDA when available)")
 
 
@@ -74,10 +75,10 @@ def checkpoint_exit_labels(directory: Path) -> int | None:
     return rows.pop() if len(rows) == 1 else None
 
 
-def build_model(cfg: TrainConfig, task: TaskSpec) -> tuple[ElasticBertForSequenceClassification, LoadReport]:
-    """Load `cfg.model` (our export, a fine-tuned run, a plain BERT dir or the fnlp layout, a local directory or a
+def build_model(cfg: FinetuneConfig, task: TaskSpec) -> tuple[ElasticBertForSequenceClassification, LoadReport]:
+    """Load `cfg.model.path` (our export, a fine-tuned run, a plain BERT dir or the fnlp layout, a local directory or a
     hub name) with the run's exits; refuses a `--max-length` beyond the positions the model can embed."""
-    directory = resolve_pretrained(cfg.model, what="--model")
+    directory = resolve_pretrained(cfg.model.path, what="--model")
     raw = read_config(directory)
     depth = int(raw.get("num_hidden_layers", 0))
     trained = checkpoint_exit_labels(directory)
@@ -92,12 +93,12 @@ def build_model(cfg: TrainConfig, task: TaskSpec) -> tuple[ElasticBertForSequenc
         num_labels=task.num_labels,
         num_hidden_layers=cfg.num_layers(depth),
         exit_layers=exits,
-        exit_type=cfg.exit_type,
-        exit_mha_dim=cfg.mha_dim,
-        exit_mha_heads=cfg.mha_heads,
-        hidden_dropout_prob=cfg.dropout,
-        attention_probs_dropout_prob=cfg.dropout,
-        classifier_dropout=cfg.dropout,
+        exit_type=cfg.model.exit_type,
+        exit_mha_dim=cfg.model.mha_dim,
+        exit_mha_heads=cfg.model.mha_heads,
+        hidden_dropout_prob=cfg.model.dropout,
+        attention_probs_dropout_prob=cfg.model.dropout,
+        classifier_dropout=cfg.model.dropout,
     )
     if not task.is_regression:
         overrides["id2label"] = dict(enumerate(task.label_names))

@@ -37,7 +37,7 @@ from common.hub import resolve_pretrained
 from elasticbert import EarlyExitSetting, ElasticBertForSequenceClassification
 from elasticbert.loading import read_config
 
-from .config import TrainConfig
+from .config import load_run_config
 from .data import EncodedSplit, load_tokenizer
 from .early_exit.engine import EarlyExitResult, per_sample_flops, run_dataset
 from .early_exit.lte import LearnedExitHead
@@ -293,4 +293,4 @@ def _task_of(
 def _trained_length(directory: Path) -> int:
     """The training run's --max-length (RUN/run_config.json beside RUN/best), else 128."""
     run_config = directory.parent / "run_config.json"
-    return TrainConfig.load(run_config).max_length if run_config.is_file() else 128
+    return load_run_config(run_config).data.max_length if run_config.is_file() else 128

@@ -14,12 +14,11 @@ neither (see `run_dir.py` for what a new run does with such a directory, or with
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,12 +30,12 @@ from tqdm.auto import tqdm
 from common.dist import resolve_env
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
-from common.io import atomic_path, atomic_write_json
+from common.io import atomic_path, atomic_write_json, read_object
 from common.run_dir import RunWriteError
 from elasticbert import ElasticBertForSequenceClassification, LoadReport
 
 from .acl_grad import AngleRecord, ExitTerms, gated_backward
-from .config import TrainConfig
+from .config import FinetuneConfig, save_run_config
 from .data import iterate_batches, load_tokenizer, subsample
 from .evaluation import per_exit_scores, predict_exits
 from .methods import Phase, build_phases, exit_weights
@@ -93,16 +92,17 @@ def forward_exits(
 
 def exit_terms(
     model: ElasticBertForSequenceClassification,
-    cfg: TrainConfig,
+    cfg: FinetuneConfig,
     phase: Phase,
     step: int,
     outputs: ExitOutputs,
     labels: torch.Tensor,
 ) -> list[ExitTerms]:
     """Each trained exit's task term ((1−β)·CE + β·KD for students) and contrastive term (per `cfg.objective`)."""
+    obj = cfg.objective
     exits = phase.exits_at(step)
-    weights = exit_weights(exits, cfg.jt_weights)
-    kd_weight = cfg.kd_weight if cfg.kd_weight is not None else (0.5 if phase.freeze_backbone else 0.0)
+    weights = exit_weights(exits, cfg.method.jt_weights)
+    kd_weight = obj.kd_weight if obj.kd_weight is not None else (0.5 if phase.freeze_backbone else 0.0)
     teacher = phase.teacher
     terms = []
     for layer in exits:
@@ -110,22 +110,22 @@ def exit_terms(
         task = task_loss(logits, labels)
         student = teacher is not None and layer != teacher
         if student and kd_weight > 0:
-            task = (1.0 - kd_weight) * task + kd_weight * kd_loss(logits, outputs[teacher][1], cfg.kd_temperature)
+            task = (1.0 - kd_weight) * task + kd_weight * kd_loss(logits, outputs[teacher][1], obj.kd_temperature)
         contrastive = None
-        if cfg.objective == "ce+scl":
-            contrastive = scl_loss(rep, labels, cfg.tau, cfg.contrastive_reduction)
-        elif cfg.objective == "acl" or (cfg.objective == "acl-cl" and not student):
+        if obj.name == "ce+scl":
+            contrastive = scl_loss(rep, labels, obj.tau, obj.contrastive_reduction)
+        elif obj.name == "acl" or (obj.name == "acl-cl" and not student):
             embeddings = label_embeddings(model, layer)
-            contrastive = acl_embed_loss(rep, labels, embeddings, cfg.tau, cfg.contrastive_reduction)
-        elif cfg.objective == "acl-cl":
+            contrastive = acl_embed_loss(rep, labels, embeddings, obj.tau, obj.contrastive_reduction)
+        elif obj.name == "acl-cl":
             contrastive = acl_cl_loss(
                 rep,
                 labels,
                 label_embeddings(model, layer),
                 outputs[teacher][0],
                 label_embeddings(model, teacher),
-                cfg.tau,
-                cfg.contrastive_reduction,
+                obj.tau,
+                obj.contrastive_reduction,
             )
         terms.append(ExitTerms(layer, weights[layer], task, contrastive, rep, exit_parameters(model, layer)))
     return terms
@@ -143,7 +143,7 @@ def linear_schedule(optimizer: torch.optim.Optimizer, total: int, warmup: float)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def build_optimizer(model: ElasticBertForSequenceClassification, cfg: TrainConfig) -> torch.optim.AdamW:
+def build_optimizer(model: ElasticBertForSequenceClassification, cfg: FinetuneConfig) -> torch.optim.AdamW:
     """AdamW over the trainable parameters; no weight decay on biases and LayerNorm; exits may get `exit_lr`."""
     head_ids = {id(p) for layer in model.exit_layers for p in exit_parameters(model, layer)}
     groups: dict[tuple[bool, bool], list[torch.nn.Parameter]] = {}
@@ -155,12 +155,12 @@ def build_optimizer(model: ElasticBertForSequenceClassification, cfg: TrainConfi
     param_groups = [
         {
             "params": params,
-            "weight_decay": 0.0 if no_decay else cfg.weight_decay,
-            "lr": (cfg.exit_lr if cfg.exit_lr is not None else cfg.lr) if is_head else cfg.lr,
+            "weight_decay": 0.0 if no_decay else cfg.optim.weight_decay,
+            "lr": (cfg.optim.exit_lr if cfg.optim.exit_lr is not None else cfg.optim.lr) if is_head else cfg.optim.lr,
         }
         for (is_head, no_decay), params in groups.items()
     ]
-    return torch.optim.AdamW(param_groups, lr=cfg.lr)
+    return torch.optim.AdamW(param_groups, lr=cfg.optim.lr)
 
 
 @dataclass
@@ -170,21 +170,31 @@ class EvalResult:
     selection: float
 
 
+@dataclass
+class RunRecord:
+    """What run_config.json says besides the config: the source of every value, the paths names resolved to."""
+
+    sources: dict[str, str]
+    resolved: dict[str, str]
+
+
 class Trainer:
     """Runs every phase of a method on one task and writes the run directory."""
 
     def __init__(
         self,
-        cfg: TrainConfig,
+        cfg: FinetuneConfig,
         task: TaskSpec,
         model: ElasticBertForSequenceClassification,
         tokenizer: object,
         train: list[Example],
         dev: list[Example],
+        run_dir: Path,
+        record: RunRecord | None = None,
     ) -> None:
         self.cfg, self.task, self.model, self.tokenizer = cfg, task, model, tokenizer
         self.train_examples, self.dev_examples = train, dev
-        self.run_dir = Path(cfg.output)
+        self.run_dir, self.record = run_dir, record or RunRecord({}, {})
         env = resolve_env(export=False)
         self.rank, self.world = env.rank, env.world_size
         self.global_step = 0
@@ -204,9 +214,9 @@ class Trainer:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(self.run_dir / "tensorboard"))
-            self.cfg.save(self.run_dir / "run_config.json")
+            save_run_config(self.run_dir / "run_config.json", self.cfg, self.record.sources, **self.record.resolved)
         start = time.time()
-        phases = build_phases(self.cfg.method, list(self.model.exit_layers))
+        phases = build_phases(self.cfg.method.name, list(self.model.exit_layers))
         for phase in phases:
             self.run_phase(phase)
         # What `load_finetuned` reads to tell trained exits from random ones.
@@ -222,8 +232,8 @@ class Trainer:
         """Train one phase, evaluating every `eval_every` steps (default: every epoch) and at its end."""
         total, steps_per_epoch = self.phase_steps(phase)
         optimizer, scheduler = self.start_phase(phase, total)
-        eval_every = self.cfg.eval_every or steps_per_epoch
-        bar = tqdm(total=total, desc=f"{self.task.name} {phase.name}", disable=not self.cfg.progress or self.rank)
+        eval_every = self.cfg.train.eval_every or steps_per_epoch
+        bar = tqdm(total=total, desc=f"{self.task.name} {phase.name}", disable=not self.cfg.train.progress or self.rank)
         for step, batch in enumerate(self.batches(total), start=1):
             device = model_device(self.model)  # read each step: a DeepSpeed engine places the model itself
             batch = {key: value.to(device) for key, value in batch.items()}
@@ -240,7 +250,7 @@ class Trainer:
 
     def should_stop(self, phase: Phase, step: int, total: int) -> bool:
         """Early stopping: `early_stopping_patience` evaluations in a row without a better selection score."""
-        patience = self.cfg.early_stopping_patience
+        patience = self.cfg.train.early_stopping_patience
         if patience is None or step == total or self.evals_without_improvement < patience:
             return False
         record = {"phase": phase.name, "step": step, "of": total, "patience": patience, "best_step": self.best.step}
@@ -257,17 +267,17 @@ class Trainer:
     def phase_steps(self, phase: Phase) -> tuple[int, int]:
         """(optimizer steps of the phase, steps per epoch)."""
         cfg = self.cfg
-        steps_per_epoch = max(1, math.ceil(len(self.train_examples) / (cfg.batch_size * self.world)))
-        epochs = getattr(cfg, phase.epochs_key)
-        epochs = cfg.epochs if epochs is None else epochs
-        return cfg.max_steps or max(1, int(math.ceil(epochs * steps_per_epoch))), steps_per_epoch
+        steps_per_epoch = max(1, math.ceil(len(self.train_examples) / (cfg.train.batch_size * self.world)))
+        epochs = cfg.value(phase.epochs_key)
+        epochs = cfg.train.epochs if epochs is None else epochs
+        return cfg.train.max_steps or max(1, int(math.ceil(epochs * steps_per_epoch))), steps_per_epoch
 
     def start_phase(self, phase: Phase, total: int) -> tuple[torch.optim.Optimizer, object]:
         """Freeze what the phase freezes, then a fresh optimizer and schedule over what stays trainable."""
         set_frozen(self.frozen_modules(phase), True)
         optimizer = build_optimizer(self.model, self.cfg)
-        scheduler = linear_schedule(optimizer, total, self.cfg.warmup)
-        if self.cfg.deepspeed:
+        scheduler = linear_schedule(optimizer, total, self.cfg.optim.warmup)
+        if self.cfg.train.ds_config:
             self.engine, optimizer, scheduler = self._deepspeed(optimizer, scheduler)
         self.best = None
         self.evals_without_improvement = 0
@@ -292,26 +302,26 @@ class Trainer:
         """One optimizer step: forward → per-exit terms → (ACL-Grad) backward → clip → update."""
         cfg = self.cfg
         self.global_step += 1
-        outputs = forward_exits(self.model, batch, phase.forward_exits(step), phase, cfg.gradient_equilibrium)
+        outputs = forward_exits(self.model, batch, phase.forward_exits(step), phase, cfg.method.gradient_equilibrium)
         terms = exit_terms(self.model, cfg, phase, step, outputs, batch["labels"])
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         loss, record = gated_backward(
             terms,
-            cfg.lam if cfg.objective != "ce" else 0.0,
+            cfg.objective.lam if cfg.objective.name != "ce" else 0.0,
             backward=self.engine.backward if self.engine else torch.Tensor.backward,
-            enabled=cfg.acl_grad,
-            scope=cfg.acl_grad_scope,
-            threshold=cfg.acl_grad_threshold,
-            granularity=cfg.acl_grad_granularity,
-            measure=cfg.log_angles,
+            enabled=cfg.objective.acl_grad,
+            scope=cfg.objective.acl_grad_scope,
+            threshold=cfg.objective.acl_grad_threshold,
+            granularity=cfg.objective.acl_grad_granularity,
+            measure=cfg.objective.log_angles,
             trainable=trainable,
             assign_grads=self.engine is None,
         )
         if self.engine is not None:
             self.engine.step()
         else:
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
+            if cfg.optim.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(trainable, cfg.optim.grad_clip)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -327,10 +337,10 @@ class Trainer:
             stream = iterate_batches(
                 self.tokenizer,
                 self.train_examples,
-                cfg.batch_size,
-                cfg.max_length,
+                cfg.train.batch_size,
+                cfg.data.max_length,
                 shuffle=True,
-                seed=cfg.seed * 1000 + epoch,
+                seed=cfg.train.seed * 1000 + epoch,
                 shard=(self.rank, self.world),
             )
             for batch in stream:
@@ -354,7 +364,7 @@ class Trainer:
 
     def evaluate(self, phase: Phase, step: int) -> EvalResult:
         logits, labels = predict_exits(
-            self.model, self.tokenizer, self.dev_examples, self.cfg.eval_batch_size, self.cfg.max_length
+            self.model, self.tokenizer, self.dev_examples, self.cfg.train.eval_batch_size, self.cfg.data.max_length
         )
         scores = per_exit_scores(self.task, logits, labels)
         main = self.task.main_metric
@@ -420,10 +430,10 @@ class Trainer:
         measured = [r["angle"] for r in self.angles if r["angle"] is not None]
         pairs = sum(r["num_exits"] for r in self.angles)
         return {
-            "scope": self.cfg.acl_grad_scope,
-            "granularity": self.cfg.acl_grad_granularity,
-            "threshold": self.cfg.acl_grad_threshold,
-            "acl_grad": self.cfg.acl_grad,
+            "scope": self.cfg.objective.acl_grad_scope,
+            "granularity": self.cfg.objective.acl_grad_granularity,
+            "threshold": self.cfg.objective.acl_grad_threshold,
+            "acl_grad": self.cfg.objective.acl_grad,
             "batches": len(self.angles),
             "mean_angle": float(np.mean(measured)) if measured else None,
             "fraction_over_90": float(np.mean([a > 90.0 for a in measured])) if measured else None,
@@ -437,9 +447,9 @@ class Trainer:
         return {
             "task": self.task.name,
             "main_metric": self.task.main_metric,
-            "method": self.cfg.method,
-            "exit_type": self.cfg.exit_type,
-            "objective": self.cfg.objective,
+            "method": self.cfg.method.name,
+            "exit_type": self.cfg.model.exit_type,
+            "objective": self.cfg.objective.name,
             "exit_layers": list(self.model.exit_layers),
             "train_examples": len(self.train_examples),
             "dev_examples": len(self.dev_examples),
@@ -479,11 +489,11 @@ class Trainer:
         import deepspeed
 
         resolve_env()  # exports RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT (rank 0 of 1 without a launcher)
-        ds_config = read_deepspeed_config(self.cfg.deepspeed)
-        ds_config["train_micro_batch_size_per_gpu"] = self.cfg.batch_size
+        ds_config = read_deepspeed_config(self.cfg.train.ds_config)
+        ds_config["train_micro_batch_size_per_gpu"] = self.cfg.train.batch_size
         ds_config.pop("train_batch_size", None)
         ds_config["gradient_accumulation_steps"] = 1
-        ds_config["gradient_clipping"] = self.cfg.grad_clip
+        ds_config["gradient_clipping"] = self.cfg.optim.grad_clip
         ds_config.pop("optimizer", None)
         ds_config.pop("scheduler", None)
         engine, optimizer, _, scheduler = deepspeed.initialize(
@@ -493,48 +503,43 @@ class Trainer:
 
 
 def read_deepspeed_config(path: str) -> dict:
-    """`--deepspeed FILE` as a dict; a missing or malformed file names itself."""
-    try:
-        config = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"--deepspeed {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"--deepspeed {path}: cannot read it ({err})") from None
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"--deepspeed {path}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"--deepspeed {path}: expected a JSON object")
-    return config
+    """`--ds-config FILE` as a dict; a missing or malformed file names itself."""
+    return read_object(path, ConfigError, "a JSON object", hint="the DeepSpeed config (--ds-config, train.ds_config)")
 
 
-def run_training(cfg: TrainConfig) -> dict:
-    """Everything `finetune train` does: validate, check the run directory, load model, tokenizer and data, train,
-    write the run directory (locked while the run lasts)."""
-    task = get_task(cfg.task)
+def run_training(
+    cfg: FinetuneConfig, output: str | Path, overwrite: bool = False, sources: Mapping[str, str] | None = None
+) -> dict:
+    """Everything `finetune train` does: validate, check the run directory `output` (a finished run there is replaced
+    only with `overwrite`), load model, tokenizer and data, train, write the run directory (locked while the run
+    lasts; `sources`: where each config value came from, saved in run_config.json)."""
+    run_dir = Path(output)
+    task = get_task(cfg.data.task)
     cfg.validate(task.num_labels)
-    if cfg.deepspeed:
-        read_deepspeed_config(cfg.deepspeed)
+    if cfg.train.ds_config:
+        read_deepspeed_config(cfg.train.ds_config)
     env = resolve_env(export=False)
-    device = resolve_device(cfg.device, env.local_rank)  # `--device cuda` without a GPU: refused before any loading
+    device = resolve_device(cfg.train.device, env.local_rank)  # no GPU for `--device cuda`: refused before loading
     rank0 = env.rank == 0
     if rank0:
-        check_run_dir(Path(cfg.output), cfg.overwrite)  # before anything is loaded
-    set_seed(cfg.seed)  # fresh exit heads are initialised from it
+        check_run_dir(run_dir, overwrite)  # before anything is loaded
+    set_seed(cfg.train.seed)  # fresh exit heads are initialised from it
     model, report = build_model(cfg, task)  # first: checkpoint problems surface before data is read
     model.to(device)
     if rank0:
         print(load_summary(report), file=sys.stderr, flush=True)
-    tokenizer_dir = resolve_pretrained(cfg.tokenizer, what="--tokenizer") if cfg.tokenizer else Path(report.source)
+    tokenizer = cfg.model.tokenizer
+    tokenizer_dir = resolve_pretrained(tokenizer, what="--tokenizer") if tokenizer else Path(report.source)
     tokenizer = load_tokenizer(tokenizer_dir, type_vocab_size=model.config.type_vocab_size)
-    train = subsample(load_split(task, cfg.data_dir, "train"), cfg.max_train_examples, cfg.seed)
-    dev = subsample(load_split(task, cfg.data_dir, "dev"), cfg.max_dev_examples, cfg.dev_subset_seed)
-    cfg.provenance.update(model_path=report.source, tokenizer_path=str(tokenizer_dir))
-    set_seed(cfg.seed)
-    trainer = Trainer(cfg, task, model, tokenizer, train, dev)
+    train = subsample(load_split(task, cfg.data.dir, "train"), cfg.data.max_train_examples, cfg.train.seed)
+    dev = subsample(load_split(task, cfg.data.dir, "dev"), cfg.data.max_dev_examples, cfg.data.dev_subset_seed)
+    record = RunRecord(dict(sources or {}), {"model_path": str(report.source), "tokenizer_path": str(tokenizer_dir)})
+    set_seed(cfg.train.seed)
+    trainer = Trainer(cfg, task, model, tokenizer, train, dev, run_dir, record)
     if not rank0:
         summary = trainer.fit()
     else:
-        with claim_run_dir(Path(cfg.output), cfg.overwrite):
+        with claim_run_dir(run_dir, overwrite):
             summary = trainer.fit()
     summary["load_report"] = str(report)
     return summary

@@ -3,24 +3,23 @@
 One dataclass per component (model, data, exits, optim, train, checkpoint, eval, logging) so each part of the
 trainer receives only what it needs, and every key a user can write is declared in exactly one place: an unknown key
 is a typo, not a silent no-op. Fixed choices are `Literal` types; a value outside them is reported with a "did you
-mean" while the YAML is read (`_coerce`), and `validate` checks what the values mean, one component at a time.
+mean" while the YAML is read (`common.config.ConfigLayers`), and `validate` checks what the values mean, one
+component at a time.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import json
 import os
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
-from common.config import choice_problem, field_types, literal_choices, strip_optional
+from common.config import ConfigLayers, Findings, build, read_yaml_mapping
 from common.errors import ConfigError
 from common.io import atomic_write_text
 
@@ -221,151 +220,7 @@ def derive_exit_groups(num_layers: int, num_groups: int) -> list[tuple[int, ...]
     ]
 
 
-# ------------------------------------------------------------------------------------------------ dict -> dataclass
-
-
-@dataclass
-class _Findings:
-    """What reading a YAML tree into the dataclasses found. A value of the wrong type (or a null where none is
-    allowed) makes `types_sound` false: the checks of meaning in `validate` would trip over it, so they wait until
-    it is fixed. Unknown keys and values outside their `Literal` choices leave every field well-typed."""
-
-    problems: list[str] = field(default_factory=list)
-    types_sound: bool = True
-
-    def wrong_type(self, problem: str) -> None:
-        self.problems.append(problem)
-        self.types_sound = False
-
-    def add(self, problem: str) -> None:
-        self.problems.append(problem)
-
-
-def _is_dataclass_type(tp: Any) -> bool:
-    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
-
-
-def _coerce_scalar(value: Any, tp: Any, key: str, found: _Findings) -> Any:
-    """bool / int / float / str: YAML's own types, with the two conversions YAML needs (2.0 -> 2, "1e-3" -> 0.001)."""
-    if tp is bool:
-        if not isinstance(value, bool):
-            found.wrong_type(f"{key}: expected true/false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            found.wrong_type(f"{key}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            if isinstance(value, str):
-                try:
-                    return float(value)  # YAML reads "1e-3" as a string
-                except ValueError:
-                    pass
-            found.wrong_type(f"{key}: expected a number, got {value!r}")
-            return value
-        return float(value)
-    if tp is str and not isinstance(value, str):
-        found.wrong_type(f"{key}: expected a string, got {value!r}")
-    return value
-
-
-def _coerce_choice(value: Any, choices: tuple[Any, ...], key: str, found: _Findings) -> Any:
-    """A `Literal` field: one of its choices (2.0 counts as 2, true never as 1), else a "did you mean" problem."""
-    for choice in choices:
-        if value == choice and isinstance(value, bool) == isinstance(choice, bool):
-            return choice
-    found.add(
-        choice_problem(key, value, choices) or f"{key}={value!r}; expected one of {', '.join(repr(c) for c in choices)}"
-    )
-    return value
-
-
-def _coerce(value: Any, tp: Any, key: str, found: _Findings) -> Any:
-    """Check/convert one YAML value against a field type; record a readable problem instead of raising."""
-    tp, optional = strip_optional(tp)
-    if value is None:
-        if not optional:
-            found.wrong_type(f"{key}: must not be null")
-        return None
-    choices = literal_choices(tp)
-    if choices is not None:
-        return _coerce_choice(value, choices, key, found)
-    if _is_dataclass_type(tp):
-        if not isinstance(value, dict):
-            found.wrong_type(f"{key}: expected a mapping, got {type(value).__name__}")
-            return tp()
-        return _build(tp, value, key, found)
-    if typing.get_origin(tp) is list:
-        (inner,) = typing.get_args(tp)
-        if not isinstance(value, list | tuple):
-            found.wrong_type(f"{key}: expected a list, got {value!r}")
-            return []
-        return [_coerce(v, inner, f"{key}[{i}]", found) for i, v in enumerate(value)]
-    return _coerce_scalar(value, tp, key, found)
-
-
-def _build(cls: type, data: dict[str, Any], prefix: str, found: _Findings) -> Any:
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = field_types(cls)
-    kwargs = {}
-    for key, value in data.items():
-        full = f"{prefix}.{key}" if prefix else str(key)
-        if key not in fields:
-            close = difflib.get_close_matches(str(key), fields, n=1)
-            hint = f" (did you mean '{prefix + '.' if prefix else ''}{close[0]}'?)" if close else ""
-            found.add(f"unknown key '{full}'{hint}; known: {', '.join(fields)}")
-            continue
-        kwargs[key] = _coerce(value, hints[key], full, found)
-    return cls(**kwargs)
-
-
-def _parse_override(item: str) -> tuple[list[str], Any]:
-    if "=" not in item:
-        raise ConfigError(f"--set {item!r}: expected key=value, e.g. optim.lr=1e-4")
-    key, raw = item.split("=", 1)
-    value = yaml.safe_load(raw) if raw.strip() else ""
-    return key.strip().split("."), value
-
-
-def _apply_override(tree: dict[str, Any], path: list[str], value: Any) -> None:
-    node: Any = tree
-    for i, part in enumerate(path[:-1]):
-        if isinstance(node, list):
-            idx = int(part)
-            while len(node) <= idx:
-                node.append({})
-            node = node[idx]
-            continue
-        if part not in node or node[part] is None:
-            node[part] = [] if path[i + 1].isdigit() else {}
-        node = node[part]
-    last = path[-1]
-    if isinstance(node, list):
-        idx = int(last)
-        while len(node) <= idx:
-            node.append({})
-        node[idx] = value
-    else:
-        node[last] = value
-
-
-def _read_yaml(p: Path) -> dict[str, Any]:
-    if not p.is_file():
-        raise ConfigError(f"config file {p} does not exist")
-    try:
-        loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{p}: not UTF-8 text ({e})") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {e}") from None
-    except OSError as e:
-        raise ConfigError(f"config file {p} cannot be read: {e.strerror or e}") from None
-    if loaded is not None and not isinstance(loaded, dict):
-        raise ConfigError(f"{p}: top level must be a mapping of sections")
-    return loaded or {}
+# ------------------------------------------------------------------------------------------------ YAML -> RunConfig
 
 
 def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> RunConfig:
@@ -373,12 +228,11 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
 
     Every problem is reported at once; the checks of meaning run only when every value has its declared type.
     """
-    tree = _read_yaml(Path(path)) if path is not None else {}
-    for item in overrides or []:
-        keys, value = _parse_override(item)
-        _apply_override(tree, keys, value)
-    found = _Findings()
-    cfg = _build(RunConfig, tree, "", found)
+    layers = ConfigLayers(RunConfig)
+    if path is not None:
+        layers.add(read_yaml_mapping(Path(path)), f"config {path}")
+    layers.add_overrides(overrides or [])
+    cfg, found = layers.build()
     if found.types_sound:
         found.problems.extend(config_problems(cfg))
     if found.problems:
@@ -388,8 +242,8 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
 
 def config_from_dict(tree: dict[str, Any]) -> RunConfig:
     """Rebuild a config saved with `to_dict` (e.g. RUN/config.yaml)."""
-    found = _Findings()
-    cfg = _build(RunConfig, tree, "", found)
+    found = Findings()
+    cfg = build(RunConfig, tree, "", found)
     if found.problems:
         raise ConfigError(found.problems, source="config")
     return cfg

@@ -38,8 +38,8 @@ def run_installed(installed: Path, cwd: Path, *args: str) -> subprocess.Complete
 
 def test_the_fine_tuning_presets_ship_with_the_package(installed, tmp_path):
     probe = (
-        "import finetune.recipes as r; print(r.__file__); "
-        "print(' '.join(r.recipe_names())); print(' '.join(r.load_recipe(n).name for n in r.recipe_names()))"
+        "import finetune.config as r; print(r.__file__); "
+        "print(' '.join(r.recipe_names())); print(' '.join(r.load_config_file(n).name for n in r.recipe_names()))"
     )
     res = run_installed(installed, tmp_path, "-c", probe)
     assert res.returncode == 0, res.stderr

@@ -54,7 +54,7 @@ def test_malformed_jsonl_names_file_and_line_even_in_a_later_unit(tmp_path, voca
     recs = [{"text": f"Record number {i} is fine."} for i in range(200)]
     recs[150] = '{"text": "broken'
     f = _jsonl(tmp_path / "d.jsonl", recs)
-    with pytest.raises(DataPrepError, match=r"d\.jsonl: line 151: malformed JSON"):
+    with pytest.raises(DataPrepError, match=r"d\.jsonl: line 151: not valid JSON"):
         tokenize_corpus([f], tmp_path / "o", tokenizer=vocab, **TINY)
     # units before the bad one are complete and stay; nothing looks finished
     assert not (tmp_path / "o" / "manifest.json").exists()
@@ -67,7 +67,7 @@ def test_malformed_jsonl_names_file_and_line_even_in_a_later_unit(tmp_path, voca
     [
         ({"body": "no text here"}, r"d\.jsonl: line 3: record has no 'text' field \(keys: body\)"),
         ({"text": 42}, r"d\.jsonl: line 3: field 'text' is int, not a string"),
-        ([1, 2], r"d\.jsonl: line 3: JSONL record is a list"),
+        ([1, 2], r"d\.jsonl: line 3: expected a JSON object per line, found list"),
     ],
 )
 def test_bad_records(tmp_path, vocab, record, message):

@@ -178,7 +178,7 @@ def test_fixing_a_bad_input_redoes_only_its_units(tmp_path, small_books, vocab):
         os.symlink(b, data / os.path.basename(b))
     bad = data / "zz.jsonl"
     bad.write_text('{"text": "One record."}\n{"text": "Two" \n')
-    with pytest.raises(DataPrepError, match=r"zz\.jsonl: line 2: malformed JSON"):
+    with pytest.raises(DataPrepError, match=r"zz\.jsonl: line 2: not valid JSON"):
         tokenize_corpus([data], out, tokenizer=vocab, **SMALL)
     units = out / ".work" / "units"
     finished = {d.name: d.stat().st_mtime_ns for d in units.iterdir()}

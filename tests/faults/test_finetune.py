@@ -90,10 +90,10 @@ def test_a_finished_run_is_refused_unless_overwrite(tmp_path, capsys, glue, fini
     err = error_of(capsys, train_argv(glue, run, "--seed", "7"))
     assert f"--output {run}: holds a finished run" in err and "--overwrite" in err
     assert (run / "best" / "model.safetensors").read_bytes() == before  # untouched
-    assert json.loads((run / "run_config.json").read_text())["seed"] == 42
+    assert json.loads((run / "run_config.json").read_text())["config"]["train"]["seed"] == 42
     assert main(train_argv(glue, run, "--seed", "7", "--overwrite")) == 0
     assert "replacing the finished run" in capsys.readouterr().err
-    assert json.loads((run / "run_config.json").read_text())["seed"] == 7
+    assert json.loads((run / "run_config.json").read_text())["config"]["train"]["seed"] == 7
     assert len(list((run / "tensorboard").glob("events.*"))) == 1  # the old run's events went with it
 
 
@@ -180,15 +180,15 @@ def test_output_that_is_a_file(tmp_path, capsys, glue):
 @pytest.mark.parametrize(
     "extra,message",
     [
-        (["--lr", "0"], "--lr must be > 0, got 0.0"),
-        (["--epochs", "-1"], "--epochs must be > 0, got -1.0"),
-        (["--exit-lr=-1e-3"], "--exit-lr must be > 0"),
-        (["--dropout", "1.5"], "--dropout must be within [0, 1)"),
-        (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
-        (["--early-stopping-patience", "0"], "--early-stopping-patience must be >= 1"),
-        (["--max-train-examples", "0"], "--max-train-examples must be >= 1"),
-        (["--weight-decay", "-0.1"], "--weight-decay must be >= 0"),
-        (["--lambda", "nan"], "--lambda must be a number within [0, 1], got nan"),
+        (["--lr", "0"], "--lr (optim.lr) must be > 0, got 0.0"),
+        (["--epochs", "-1"], "--epochs (train.epochs) must be > 0, got -1.0"),
+        (["--exit-lr=-1e-3"], "--exit-lr (optim.exit_lr) must be > 0"),
+        (["--dropout", "1.5"], "--dropout (model.dropout) must be within [0, 1)"),
+        (["--batch-size", "0"], "--batch-size (train.batch_size) must be >= 1, got 0"),
+        (["--early-stopping-patience", "0"], "--early-stopping-patience (train.early_stopping_patience) must be >= 1"),
+        (["--max-train-examples", "0"], "--max-train-examples (data.max_train_examples) must be >= 1"),
+        (["--weight-decay", "-0.1"], "--weight-decay (optim.weight_decay) must be >= 0"),
+        (["--lambda", "nan"], "--lambda (objective.lam) must be a number within [0, 1], got nan"),
         (["--max-length", "600"], "embeds at most 512 positions"),  # MiniLM: 512; it used to crash mid-training
         (["--recipe", "elasticbert-statc"], "did you mean 'elasticbert-static'"),
     ],
@@ -396,14 +396,14 @@ def test_corrupt_files_of_the_other_commands(tmp_path, capsys, glue, finished):
         capsys, ee + ["--strategy", "entropy", "--sweep", "0.3"]
     )
     # a DeepSpeed config that is missing or not JSON (checked before anything loads)
-    assert "--deepspeed" in error_of(capsys, train_argv(glue, tmp_path / "o6", "--deepspeed", str(tmp_path / "x")))
+    assert "--ds-config" in error_of(capsys, train_argv(glue, tmp_path / "o6", "--ds-config", str(tmp_path / "x")))
     (tmp_path / "ds.json").write_text("{")
     assert "ds.json:1:2: not valid JSON" in error_of(
-        capsys, train_argv(glue, tmp_path / "o7", "--deepspeed", str(tmp_path / "ds.json"))
+        capsys, train_argv(glue, tmp_path / "o7", "--ds-config", str(tmp_path / "ds.json"))
     )
     # a recipe file with a bad value
-    (tmp_path / "r.yaml").write_text("values:\n  warmup: lots\n")
-    assert "r.yaml: values.warmup: expected a number, got 'lots'" in error_of(
+    (tmp_path / "r.yaml").write_text("optim:\n  warmup: lots\n")
+    assert "r.yaml: optim.warmup: expected a number, got 'lots'" in error_of(
         capsys, train_argv(glue, tmp_path / "o5", "--recipe", str(tmp_path / "r.yaml"))
     )
 
@@ -461,7 +461,7 @@ def test_malformed_predict_inputs_name_the_file_and_line(tmp_path, capsys, finis
 
     cases = [
         ("a.jsonl", '{"text": "fine"}\n{"text": "ok"\n', ":2: not valid JSON (Expecting ',' delimiter at column 14)"),
-        ("b.jsonl", '{"text": "fine"}\n[1, 2]\n', ":2: expected a JSON object with a text field, got list"),
+        ("b.jsonl", '{"text": "fine"}\n[1, 2]\n', ":2: expected a JSON object with a text field, found list"),
         ("c.jsonl", '{"txt": "x"}\n', ":1: no text field; expected one of text, sentence, text_a, sentence1"),
         ("d.jsonl", '{"text_b": "x"}\n', ":1: no text field ('text_b' needs its first text)"),
         ("e.jsonl", '{"text": 5}\n', ":1: field 'text' must be a string, got int"),

@@ -26,8 +26,11 @@ def test_the_new_users_2st_mha_command_learns_at_every_exit(tmp_path, minilm, gl
     assert main(argv) == 0
 
     saved = json.loads((out / "run_config.json").read_text())
-    assert saved["exit_lr"] == 1e-3 and saved["lr"] == 2e-5 and saved["recipe"] is None  # the defaults ran
-    labels = [e.label for e in subsample(load_split("SST-2", glue_dir, "dev"), DEV_ROWS, saved["dev_subset_seed"])]
+    optim, sources = saved["config"]["optim"], saved["sources"]
+    assert optim["exit_lr"] == 1e-3 and optim["lr"] == 2e-5  # the defaults ran
+    assert sources["optim.lr"] == sources["optim.exit_lr"] == "default"
+    subset_seed = saved["config"]["data"]["dev_subset_seed"]
+    labels = [e.label for e in subsample(load_split("SST-2", glue_dir, "dev"), DEV_ROWS, subset_seed)]
     majority = 100 * max(labels.count(0), labels.count(1)) / len(labels)
     accuracy = {
         int(k): v["accuracy"] for k, v in json.loads((out / "dev_scores.json").read_text())["best"]["exits"].items()

@@ -8,6 +8,7 @@ from common.errors import ConfigError
 from finetune.__main__ import build_parser
 from finetune.config import TrainConfig
 from finetune.model import resolve_device
+from finetune.train_cli import config_from_args
 
 COMMANDS = {
     "train": ["train", "--model", "M", "--task", "SST-2", "--output", "O"],
@@ -22,8 +23,13 @@ COMMANDS = {
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_every_command_that_runs_a_model_takes_device(command):
     parser = build_parser()
-    assert parser.parse_args(COMMANDS[command]).device == TrainConfig.device == "auto"
-    assert parser.parse_args([*COMMANDS[command], "--device", "cpu"]).device == "cpu"
+
+    def device(argv):  # train's --device is a shortcut for the config key train.device
+        args = parser.parse_args(argv)
+        return config_from_args(args)[0].train.device if command == "train" else args.device
+
+    assert device(COMMANDS[command]) == TrainConfig.device == "auto"
+    assert device([*COMMANDS[command], "--device", "cpu"]) == "cpu"
     with pytest.raises(SystemExit):
         parser.parse_args([*COMMANDS[command], "--device", "tpu"])
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from finetune.config import ConfigError, TrainConfig
+from finetune.config import ConfigError, from_shortcuts
 from finetune.objectives import (
     acl_cl_loss,
     acl_embed_loss,
@@ -124,7 +124,7 @@ def test_kd_is_zero_for_identical_logits_and_positive_otherwise():
 
 @pytest.mark.parametrize("objective", ["ce+scl", "acl", "acl-cl"])
 def test_regression_refuses_contrastive_objectives(objective):
-    cfg = TrainConfig(model="m", task="STS-B", output="o", objective=objective)
+    cfg = from_shortcuts(model="m", task="STS-B", objective=objective)
     with pytest.raises(ConfigError, match="needs class labels .* STS-B is regression"):
         cfg.validate(num_labels=1)
-    TrainConfig(model="m", task="STS-B", output="o").validate(num_labels=1)  # CE (MSE) is fine
+    from_shortcuts(model="m", task="STS-B").validate(num_labels=1)  # CE (MSE) is fine

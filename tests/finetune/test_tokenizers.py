@@ -103,7 +103,7 @@ def test_model_and_tokenizer_by_hub_name_from_an_offline_cache(tmp_path, monkeyp
     argv += ["--max-train-examples", "16", "--max-dev-examples", "16", "--no-progress"]
     assert main(argv) == 0
     saved = json.loads((out / "run_config.json").read_text())
-    assert saved["model"] == name  # the name as given; where it resolved to, beside it
-    assert saved["provenance"]["model_path"] == str(snapshot)
-    assert saved["provenance"]["tokenizer_path"] == str(snapshot)
+    assert saved["config"]["model"]["path"] == name  # the name as given; where it resolved to, beside it
+    assert saved["resolved"]["model_path"] == str(snapshot)
+    assert saved["resolved"]["tokenizer_path"] == str(snapshot)
     assert (out / "best" / "tokenizer.json").is_file()

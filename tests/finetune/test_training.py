@@ -9,7 +9,7 @@ import torch
 
 from elasticbert import ElasticBertForSequenceClassification, load_pretrained
 from finetune.__main__ import main
-from finetune.config import TrainConfig
+from finetune.config import FinetuneConfig, from_shortcuts
 from finetune.data import load_tokenizer, subsample
 from finetune.model import backbone_modules, build_model, exit_modules
 from finetune.tasks import get_task, load_split
@@ -30,9 +30,9 @@ TINY = dict(
 )
 
 
-def config(minilm, glue_dir, out, **overrides):
-    fields = {**TINY, **overrides}
-    return TrainConfig(model=str(minilm), data_dir=str(glue_dir), output=str(out), **fields)
+def config(minilm, glue_dir, **overrides):
+    """A tiny run's config, read through the flags' names as a command line's is."""
+    return from_shortcuts(model=str(minilm), data_dir=str(glue_dir), **{**TINY, **overrides})
 
 
 def read_scores(run):
@@ -43,7 +43,7 @@ def read_scores(run):
 def rte_run(tmp_path_factory, minilm, glue_dir):
     """One trained multi-exit RTE run (JT, linear exits, ACL objective), reused by evaluation/CLI tests."""
     out = tmp_path_factory.mktemp("rte") / "run"
-    run_training(config(minilm, glue_dir, out, task="RTE", objective="acl", acl_grad=True))
+    run_training(config(minilm, glue_dir, task="RTE", objective="acl", acl_grad=True), out)
     return out
 
 
@@ -54,7 +54,6 @@ def test_sst2_learns_clearly_above_majority(tmp_path, minilm, glue_dir):
         config(
             minilm,
             glue_dir,
-            out,
             task="SST-2",
             exits=None,
             layers=2,
@@ -66,7 +65,8 @@ def test_sst2_learns_clearly_above_majority(tmp_path, minilm, glue_dir):
             max_steps=40,
             lr=2e-4,
             exit_lr=2e-3,
-        )
+        ),
+        out,
     )
     dev_labels = [e.label for e in subsample(load_split("SST-2", glue_dir, "dev"), 200)]
     majority = 100 * max(dev_labels.count(0), dev_labels.count(1)) / len(dev_labels)
@@ -84,14 +84,14 @@ class RecordingTrainer(Trainer):
         self.snapshots.append((phase.name, {k: v.clone() for k, v in self.model.state_dict().items()}))
 
 
-def train_recorded(cfg):
-    task = get_task(cfg.task)
-    torch.manual_seed(cfg.seed)
+def train_recorded(cfg, out):
+    task = get_task(cfg.data.task)
+    torch.manual_seed(cfg.train.seed)
     model, _ = build_model(cfg, task)
-    train = subsample(load_split(task, cfg.data_dir, "train"), cfg.max_train_examples, cfg.seed)
-    dev = subsample(load_split(task, cfg.data_dir, "dev"), cfg.max_dev_examples, cfg.dev_subset_seed)
+    train = subsample(load_split(task, cfg.data.dir, "train"), cfg.data.max_train_examples, cfg.train.seed)
+    dev = subsample(load_split(task, cfg.data.dir, "dev"), cfg.data.max_dev_examples, cfg.data.dev_subset_seed)
     RecordingTrainer.snapshots = []
-    summary = RecordingTrainer(cfg, task, model, load_tokenizer(cfg.model), train, dev).fit()
+    summary = RecordingTrainer(cfg, task, model, load_tokenizer(cfg.model.path), train, dev, out).fit()
     return model, summary, RecordingTrainer.snapshots
 
 
@@ -117,14 +117,13 @@ def test_every_method_exit_type_and_objective(tmp_path, minilm, glue_dir, method
     cfg = config(
         minilm,
         glue_dir,
-        out,
         task="RTE" if method != "2st" else "MRPC",
         method=method,
         exit_type=exit_type,
         exits=exits,
         **extra,
     )
-    model, summary, snapshots = train_recorded(cfg)
+    model, summary, snapshots = train_recorded(cfg, out)
 
     # a per-exit dev curve, plot, TensorBoard events and a loadable checkpoint
     scores = read_scores(out)
@@ -162,7 +161,7 @@ def test_every_method_exit_type_and_objective(tmp_path, minilm, glue_dir, method
 
 
 def test_static_truncation_computes_only_l_layers(tmp_path, minilm, glue_dir):
-    cfg = config(minilm, glue_dir, tmp_path / "run", task="SST-2", exits=None, layers=2)
+    cfg = config(minilm, glue_dir, task="SST-2", exits=None, layers=2)
     model, report = build_model(cfg, get_task("SST-2"))
     assert len(model.elasticbert.encoder.layer) == 2 and model.exit_layers == (2,)
     assert any("encoder.layer.5." in k for k in report.unused)
@@ -171,14 +170,14 @@ def test_static_truncation_computes_only_l_layers(tmp_path, minilm, glue_dir):
         layer.register_forward_hook(lambda *a: calls.append(1))
     model(torch.tensor([[101, 2023, 102]]))
     assert len(calls) == 2
-    run_training(cfg)
+    run_training(cfg, tmp_path / "run")
     saved = json.loads((tmp_path / "run" / "best" / "config.json").read_text())
     assert saved["num_hidden_layers"] == 2 and saved["exit_layers"] == [2]
 
 
 def test_regression_stsb_trains_and_evaluates(tmp_path, minilm, glue_dir):
     run = tmp_path / "stsb"
-    run_training(config(minilm, glue_dir, run, task="STS-B", method="2st", kd_weight=0.3))
+    run_training(config(minilm, glue_dir, task="STS-B", method="2st", kd_weight=0.3), run)
     scores = read_scores(run)["best"]["exits"]
     assert {"pearson", "spearman", "score"} <= set(scores["1"])
     out = tmp_path / "eval"
@@ -317,14 +316,14 @@ def test_deepspeed_engine_runs_both_2st_stages(tmp_path, minilm, glue_dir, monke
         config(
             minilm,
             glue_dir,
-            out,
             task="RTE",
             method="2st",
             objective="acl",
             acl_grad=True,
             acl_grad_scope="all",
-            deepspeed=str(ds_config),
-        )
+            ds_config=str(ds_config),
+        ),
+        out,
     )
     assert set(read_scores(out)["best"]["exits"]) == {"1", "2"}
     assert json.loads((out / "acl_diagnostics.json").read_text())["batches"] == 2 * TINY["max_steps"]
@@ -382,14 +381,18 @@ def test_trains_from_our_pretraining_export(tmp_path, minilm, glue_dir, tokenize
 
 
 def test_train_options_come_from_the_config(monkeypatch, capsys):
-    """Defaults and choices of `train` are TrainConfig's; booleans are --x/--no-x; --data-dir defaults to $GLUE_DIR."""
+    """Defaults and choices of `train` are the config's; booleans are --x/--no-x; each flag sets one key;
+    --data-dir defaults to $GLUE_DIR."""
     from finetune.__main__ import build_parser
     from finetune.train_cli import config_from_args
 
     monkeypatch.delenv("GLUE_DIR", raising=False)
     base = ["train", "--model", "M", "--task", "RTE", "--output", "O"]
-    cfg = config_from_args(build_parser().parse_args(base))
-    assert cfg == TrainConfig(model="M", task="RTE", output="O")
+    cfg, sources = config_from_args(build_parser().parse_args(base))
+    expected = FinetuneConfig()
+    expected.model.path, expected.data.task = "M", "RTE"
+    assert cfg == expected
+    assert sources["model.path"] == "--model" and sources["optim.lr"] == "default"
     args = build_parser().parse_args(
         base
         + [
@@ -404,17 +407,20 @@ def test_train_options_come_from_the_config(monkeypatch, capsys):
             "0.1",
         ]
     )
-    cfg = config_from_args(args)
-    assert (cfg.acl_grad, cfg.log_angles, cfg.gradient_equilibrium, cfg.exits, cfg.progress) == (
+    cfg, sources = config_from_args(args)
+    obj = cfg.objective
+    assert (obj.acl_grad, obj.log_angles, cfg.method.gradient_equilibrium, cfg.model.exits, cfg.train.progress) == (
         True,
         False,
         True,
         "all",
         False,
     )
-    assert (cfg.max_train_examples, cfg.lam, cfg.data_dir) == (5, 0.1, None)
+    assert (cfg.data.max_train_examples, obj.lam, cfg.data.dir) == (5, 0.1, None)
+    assert sources["objective.lam"] == "--lambda" and sources["data.max_train_examples"] == "--max-train-examples"
     monkeypatch.setenv("GLUE_DIR", "/data/glue")
-    assert build_parser().parse_args(base).data_dir == "/data/glue"
+    cfg, sources = config_from_args(build_parser().parse_args(base))
+    assert cfg.data.dir == "/data/glue" and sources["data.dir"] == "$GLUE_DIR"
     for wrong in (["--acl-grad", "on"], ["--method", "2sr"]):
         with pytest.raises(SystemExit):
             build_parser().parse_args(base + wrong)
