@@ -4,7 +4,11 @@
 - `--max-examples N`: a seeded subset of the split a command reads (`--max-train-examples`, `--max-dev-examples`,
   ... where a command reads more than one set);
 - booleans are `--x` / `--no-x` (`argparse.BooleanOptionalAction`);
-- defaults and choices come from the config dataclasses (`config_argument`), so `--help` and the config agree;
+- a flag means one thing in every command (`--device`: where a model runs);
+- one way to declare an option: bound to a config dataclass field, `config_argument` (its default, choices and type
+  come from the field, so `--help` and the config agree); not bound to one, `add_argument`;
+- one way to dispatch: every subcommand sets its function with `set_defaults(func=...)`, and the `__main__` of each
+  package hands its parser to `dispatch`, which runs `args.func(args)` through `run_command`;
 - a `UserError` prints `PROG: error: MESSAGE` and exits 2 (`run_command`); Ctrl-C exits 130; `--debug` (or
   `ELASTICBERT_DEBUG=1`) shows the traceback instead.
 """
@@ -15,7 +19,7 @@ import argparse
 import dataclasses
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .config import field_types, literal_choices, strip_optional
@@ -45,6 +49,24 @@ def run_command(prog: str, func: Callable[[], int | None], debug: bool = False) 
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+
+
+def dispatch(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None = None,
+    prog: str | None = None,
+    prepare: Callable[[argparse.Namespace], None] | None = None,
+) -> int:
+    """Parse `argv` and run the chosen subcommand's `func` through `run_command` (errors printed as `prog`, default
+    the parser's); no subcommand prints the help and returns 2. `prepare(args)` runs between parsing and the command
+    (what a package sets up once its options are known)."""
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 2
+    if prepare is not None:
+        prepare(args)
+    return run_command(prog or parser.prog, lambda: args.func(args), debug=args.debug)
 
 
 def add_output(parser: argparse.ArgumentParser | Any, help: str, required: bool = True, **kwargs: Any) -> None:

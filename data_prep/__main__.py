@@ -2,7 +2,7 @@
 
 The conventions of `common.cli`: `--output PATH` where a command writes (train-tokenizer, tokenize, stats); the
 prepared directory is positional for the commands that act on one (finalize, verify, stats); booleans are
-`--x/--no-x`; defaults and choices come from `PrepConfig` and `TokenizerTraining`.
+`--x/--no-x`; defaults and choices come from `PrepConfig`, `RunOptions` and `TokenizerTraining`.
 
 Exit codes: 0 success; 1 `verify` found problems (all listed); 2 a user error (one line on stderr, no traceback:
 bad input, a damaged file, a failed write such as a full disk, a vocabulary that does not fit the text), 130
@@ -22,10 +22,11 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import fields
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from common.cli import add_debug, add_output, config_argument, run_command
+from common.cli import add_debug, add_output, config_argument, dispatch
 from common.errors import UserError
 
 from .errors import DataPrepError, output_errors
@@ -93,12 +94,7 @@ def _input_options(p: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="cut documents longer than this many bytes (bounded memory)",
     )
-    g.add_argument(
-        "--allow-empty",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="skip empty input files instead of failing (default: fail)",
-    )
+    config_argument(g, RunOptions, "allow_empty", help="skip empty input files instead of failing")
 
 
 def _add_train_tokenizer(sub: Any) -> None:
@@ -124,6 +120,7 @@ def _add_train_tokenizer(sub: Any) -> None:
     )
     p.add_argument("--threads", type=int, default=default_workers(), help="training threads (default: CPUs)")
     _input_options(p)
+    _command(p, _cmd_train_tokenizer)
 
 
 def _add_max_unk_fraction(p: argparse.ArgumentParser) -> None:
@@ -148,8 +145,14 @@ def _add_tokenize(sub: Any) -> None:
         help="vocab.txt, WordPiece tokenizer.json, spm .model, a folder holding one, a data_prep tokenizer dir, or a "
         "Hugging Face hub name such as bert-base-uncased (default: OUTPUT/tokenizer from train-tokenizer)",
     )
-    p.add_argument("--workers", type=int, default=default_workers(), help="worker processes (default: CPUs)")
-    p.add_argument("--threads-per-worker", type=int, default=1, help="tokenizer threads per worker (default 1)")
+    config_argument(
+        p,
+        RunOptions,
+        "workers",
+        default=default_workers(),
+        help="worker processes (default: one per CPU, here %(default)s)",
+    )
+    config_argument(p, RunOptions, "threads_per_worker", help="tokenizer threads per worker")
     p.add_argument("--num-tasks", type=int, default=None, help="Slurm array size J (default SLURM_ARRAY_TASK_COUNT)")
     p.add_argument("--task-index", type=int, default=None, help="this task j (default from SLURM_ARRAY_TASK_ID)")
     config_argument(p, PrepConfig, "shard_tokens", type=parse_size, metavar="SIZE", help="shard size target in tokens")
@@ -165,23 +168,22 @@ def _add_tokenize(sub: Any) -> None:
     config_argument(p, PrepConfig, "valid_fraction", help="held-out fraction of documents")
     config_argument(p, PrepConfig, "split_seed", help="seed of the document -> split hash")
     config_argument(p, PrepConfig, "max_sentence_tokens", help="cut longer sentences (0 = never)")
-    p.add_argument(
-        "--finalize",
-        action=argparse.BooleanOptionalAction,
-        default=None,
+    config_argument(
+        p,
+        RunOptions,
+        "finalize",
         help="write the shards and manifest when this task is done (default: when it is the only task)",
     )
-    p.add_argument(
-        "--rehash",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="on resume, re-hash finished units (default; --no-rehash trusts their sizes)",
-    )
-    p.add_argument(
-        "--progress", action=argparse.BooleanOptionalAction, default=True, help="show a progress bar (default)"
-    )
+    config_argument(p, RunOptions, "rehash", help="on resume, re-hash finished units (--no-rehash trusts their sizes)")
+    config_argument(p, RunOptions, "progress", default=True, help="show a progress bar")
     _add_max_unk_fraction(p)
     _input_options(p)
+    _command(p, _cmd_tokenize)
+
+
+def _command(p: argparse.ArgumentParser, command: Callable[[argparse.Namespace], int]) -> None:
+    """Make `command` what `p` runs, through `_one_line_errors`."""
+    p.set_defaults(func=partial(_one_line_errors, command))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -197,14 +199,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("finalize", help="merge the units of all array tasks into shards + manifest.json")
     p.add_argument("directory", metavar="DIR", help="the prepared-corpus directory (tokenize --output)")
     _add_max_unk_fraction(p)
+    _command(p, _cmd_finalize)
 
     p = sub.add_parser("verify", help="re-hash every shard and check indexes, dtype, ids and totals")
     p.add_argument("directory", metavar="DIR", help="the prepared-corpus directory")
     p.add_argument("--workers", type=int, default=1, help="processes re-hashing shards (default 1)")
+    _command(p, _cmd_verify)
 
     p = sub.add_parser("stats", help="docs, sentences, tokens, length histograms (PNG)")
     p.add_argument("directory", metavar="DIR", help="the prepared-corpus directory")
     add_output(p, help="where to write stats.json and PNGs (default: DIR/stats)", required=False, default=None)
+    _command(p, _cmd_stats)
     return parser
 
 
@@ -309,15 +314,6 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "train-tokenizer": _cmd_train_tokenizer,
-    "tokenize": _cmd_tokenize,
-    "finalize": _cmd_finalize,
-    "verify": _cmd_verify,
-    "stats": _cmd_stats,
-}
-
-
 def _one_line_errors(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     """Run `command`; a user error whose message spans lines is re-raised as one line (one line on stderr is the
     CLI's contract: scripts and Slurm logs grep it), and an OSError that no layer below named (an I/O error, a
@@ -337,9 +333,11 @@ def _one_line_errors(command: Callable[[argparse.Namespace], int], args: argpars
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m data_prep` and the `elasticbert-data` console script."""
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="data_prep: %(message)s", stream=sys.stderr)
-    return run_command(PROG, lambda: _one_line_errors(COMMANDS[args.command], args), debug=args.debug)
+
+    def prepare(args: argparse.Namespace) -> None:
+        logging.basicConfig(level=logging.INFO, format="data_prep: %(message)s", stream=sys.stderr)
+
+    return dispatch(build_parser(), argv, prog=PROG, prepare=prepare)
 
 
 if __name__ == "__main__":

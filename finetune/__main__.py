@@ -1,7 +1,7 @@
 """`python -m finetune <command>` (console script `elasticbert-finetune`).
 
-Each command module exposes `add_subparser(subparsers)`; a user error (bad option, data, checkpoint) prints
-`finetune: error: MESSAGE` and exits 2 (`common.cli.run_command`).
+Each command module (`*_cli`) exposes `add_subparser(subparsers)`, which sets the command's `func`; a user error
+(bad option, data, checkpoint) prints `finetune: error: MESSAGE` and exits 2 (`common.cli.dispatch`).
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from common.cli import add_debug, run_command
+from common.cli import add_debug, dispatch
 
-from . import diagnostics, elue, evaluation, predict_cli, submission, train_cli
+from . import diagnostics_cli, elue_cli, evaluate_cli, predict_cli, submission_cli, train_cli
 from .early_exit import cli as early_exit_cli
 
-COMMAND_MODULES = (train_cli, evaluation, diagnostics, early_exit_cli, elue, submission, predict_cli)
+COMMAND_MODULES = (train_cli, evaluate_cli, diagnostics_cli, early_exit_cli, elue_cli, submission_cli, predict_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,14 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
-    args.argv = argv  # `train` reads which options were given explicitly (they override a --recipe)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    return run_command(parser.prog, lambda: args.func(args), debug=args.debug)
+    return dispatch(build_parser(), argv)
 
 
 if __name__ == "__main__":

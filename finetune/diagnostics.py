@@ -1,28 +1,19 @@
-"""ACL diagnostics: the `plot-angles` and `plot-embeddings` commands (the figures themselves are in `plots.py`).
-
-- `python -m finetune plot-angles RUN [--output PNG]`: histogram and per-step trace of the angle between the CE and
-  contrastive gradients from RUN/acl_diagnostics.json (batches ACL-Grad dropped in red).
-- `python -m finetune plot-embeddings --model RUN/best --task T --data-dir D --layer l [--method tsne|pca]`:
-  exit l's L2-normalised representations h^e of dev examples and its K label embeddings (classifier rows), projected
-  together, as the paper's visualisation; the raw arrays go to an .npz beside the PNG.
-"""
+"""ACL diagnostics: one exit's representations and label embeddings, what `plot-embeddings` projects (the command
+line is `diagnostics_cli.py`; the figures are in `plots.py`)."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from common.cli import add_max_examples, add_output
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
 
-from .data import EncodedSplit, add_data_dir, forward_in_order, load_tokenizer, subsample
+from .data import EncodedSplit, forward_in_order, load_tokenizer, subsample
 from .evaluation import task_for
-from .model import add_device, check_max_length, label_embeddings, load_finetuned, model_device, resolve_device
-from .plots import plot_angles, plot_embeddings
+from .model import check_max_length, label_embeddings, load_finetuned, model_device, resolve_device
 from .tasks import DataError, load_split
 
 
@@ -70,38 +61,3 @@ def exit_embeddings(
         "label_names": np.asarray(task.label_names),
         "layer": np.asarray(layer),
     }
-
-
-def add_subparser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("plot-angles", help="histogram/trace of CE vs contrastive gradient angles of a run")
-    p.add_argument("run", help="run directory (or its acl_diagnostics.json)")
-    add_output(p, "PNG path (default: RUN/angles.png)", required=False)
-    p.set_defaults(func=lambda a: print(f"wrote {plot_angles(a.run, a.output)}") or 0)
-
-    p = subparsers.add_parser("plot-embeddings", help="t-SNE/PCA of one exit's representations + label embeddings")
-    p.add_argument("--model", required=True, help="fine-tuned model dir (RUN/best)")
-    p.add_argument("--task", help="default: the model's fine-tuning task")
-    add_data_dir(p)
-    p.add_argument("--layer", type=int, help="exit layer (default: last)")
-    p.add_argument("--split", default="dev")
-    add_max_examples(p, default=500, help="a seeded random subset of N examples of the split (default: 500)")
-    p.add_argument("--max-length", type=int, default=128)
-    p.add_argument("--method", choices=("tsne", "pca"), default="tsne")
-    add_device(p)
-    add_output(p, "PNG path (arrays go to the same name with .npz)")
-    p.set_defaults(func=_embeddings_main)
-
-
-def _embeddings_main(args: argparse.Namespace) -> int:
-    arrays = exit_embeddings(
-        args.model,
-        args.task,
-        args.data_dir,
-        args.layer,
-        args.split,
-        args.max_examples,
-        args.max_length,
-        device=args.device,
-    )
-    print(f"wrote {plot_embeddings(arrays, args.output, args.method)}")
-    return 0

@@ -1,4 +1,4 @@
-"""The ELUE score: operating points against a baseline's per-exit curve, and the `elue-score` command.
+"""The ELUE score: operating points against a baseline's per-exit curve (the `elue-score` command is `elue_cli.py`).
 
 ELUE score of a system on one task (Liu et al., 2022): given the baseline's points (FLOPs_j, score_j) - ElasticBERT-base
 at each exit layer - linearly interpolated into p_EB(f), and the system's operating points (f_i, p_i),
@@ -42,7 +42,6 @@ Submission files (one directory per operating point, for the ELUE site) are writ
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
@@ -52,9 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import add_output
 from common.errors import ConfigError
-from common.io import atomic_write_json
 
 from .early_exit.sweep import is_early_exit_result
 from .tasks import DataError, get_task
@@ -353,69 +350,3 @@ def load_baseline_with_info(paths: Sequence[str | Path]) -> tuple[dict[str, Poin
         "kind": " + ".join(sorted({f.kind for f in files})),
     }
     return merged, info
-
-
-# -------------------------------------------------------------------------------------------------------------- CLI
-
-
-def format_table(name: str, report: Mapping) -> str:
-    """The report of one system: every score line names the baseline it was measured against."""
-    base = report.get("baseline", {})
-    against = f"vs baseline {base.get('name', '?')!r}"
-    lines = [
-        f"system {name}: ELUE score {_fmt(report['score'])} {against} (out-of-range: {report['out_of_range']})",
-        f"  baseline: {base.get('name', '?')} [{base.get('kind', '?')}] - source: {base.get('source', 'not given')}",
-    ]
-    for task, entry in report["tasks"].items():
-        lines.append(
-            f"  {task:10s} {_fmt(entry['score'])} {against}  ({entry['used']} points, {entry['dropped']} dropped)"
-        )
-        for pt in entry["points"]:
-            lines.append(
-                f"      FLOPs {pt['flops']:.4g}  score {pt['score']:.2f}  baseline {_fmt(pt['baseline'])}"
-                f"  [{pt['status']}]"
-            )
-    if report["tasks_without_points"]:
-        lines.append(f"  (no points for: {', '.join(report['tasks_without_points'])})")
-    return "\n".join(lines)
-
-
-def _fmt(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:+.2f}" if abs(x) < 50 else f"{x:.2f}"
-
-
-def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register `elue-score` on the `python -m finetune` command line."""
-    p = subparsers.add_parser(
-        "elue-score",
-        help="ELUE score of operating points against a baseline per-exit curve",
-        description="score = mean_i (p_i - p_EB(f_i)) per task with p_EB linearly interpolated from the baseline's "
-        "points; the benchmark score is the mean over tasks. Baseline/points files: JSON {name, source, tasks: "
-        "{TASK: [{flops, score}, ...]}}, CSV task,flops,score[,system], or an early-exit result (as a baseline: the "
-        "model's own static curve, and every score says so). FLOPs > 0 per sample, scores in [-100, 100]. See "
-        "finetune/elue.py and finetune/README.md.",
-    )
-    p.add_argument("--baseline", required=True, nargs="+", help="baseline curve file(s): JSON, CSV or early-exit JSON")
-    p.add_argument("--points", required=True, nargs="+", help="system points file(s): JSON, CSV or early-exit JSON")
-    p.add_argument("--out-of-range", choices=OUT_OF_RANGE, default="clamp")
-    p.add_argument("--system", default=None, help="score only this system (e.g. one strategy)")
-    add_output(p, "write the full report as JSON here", required=False)
-    p.set_defaults(func=main)
-    return p
-
-
-def main(args: argparse.Namespace) -> int:
-    """`python -m finetune elue-score ...`"""
-    baseline, info = load_baseline_with_info(args.baseline)
-    systems = merge_systems([load_curves(path, role="points") for path in args.points])
-    if args.system:
-        if args.system not in systems:
-            raise ConfigError(f"no system {args.system!r} in --points (have: {', '.join(systems)})")
-        systems = {args.system: systems[args.system]}
-    report = {name: elue_score(baseline, tasks, args.out_of_range, info) for name, tasks in systems.items()}
-    for name, entry in report.items():
-        print(format_table(name, entry))
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(args.output, report, indent=1)
-    return 0

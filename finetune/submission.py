@@ -1,4 +1,4 @@
-"""ELUE submission files, and the `submission` command that writes them from an `early-exit` result.
+"""ELUE submission files, as the `submission` command writes them from an `early-exit` result.
 
 ELUE does not run submitted models: it takes test predictions plus, per sample, the modules the sample activated
 with the shape of each module's input, and a Python file defining those modules, and computes each sample's FLOPs
@@ -29,7 +29,6 @@ writes one directory per point, `DIR/<strategy>_<threshold>/`, each a complete s
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,7 +36,6 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import add_output
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
 from common.io import atomic_write_json, atomic_write_text
@@ -47,10 +45,9 @@ from . import elue_modules
 from .data import Batch, EncodedSplit, load_tokenizer
 from .early_exit.engine import exit_histogram, per_sample_flops, run_dataset
 from .early_exit.lte import LearnedExitHead
-from .early_exit.operating_point import load_result
 from .early_exit.rules import make_rule
 from .early_exit.sweep import is_early_exit_result
-from .model import add_device, check_max_length, load_finetuned, resolve_device
+from .model import check_max_length, load_finetuned, resolve_device
 from .tasks import DataError, TaskSpec, get_task, load_split
 
 
@@ -264,32 +261,3 @@ def _lte_head_of(results: Mapping) -> LearnedExitHead:
     if not results.get("lte_head"):
         raise DataError("the result has LTE points but names no LTE head file")
     return LearnedExitHead.load(results["lte_head"])
-
-
-def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register `submission` on the `python -m finetune` command line."""
-    p = subparsers.add_parser(
-        "submission",
-        help="ELUE submission files: re-run each operating point of an early-exit result on the test split",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--results", required=True, metavar="EARLY_EXIT.json", help="a result JSON of `early-exit`")
-    add_output(p, "directory that receives one <strategy>_<threshold>/ directory per operating point", metavar="DIR")
-    p.add_argument("--strategy", default=None, help="comma list of the result's strategies (default: all of them)")
-    p.add_argument("--split", default="test", help="split to predict (default: %(default)s)")
-    add_device(p)
-    p.set_defaults(func=main)
-    return p
-
-
-def main(args: argparse.Namespace) -> int:
-    """`python -m finetune submission ...`"""
-    path = Path(args.results)
-    results = load_result(path)
-    chosen = [s.strip() for s in args.strategy.split(",") if s.strip()] if args.strategy else None
-    written = write_submissions_for_results(
-        results, args.output, split_name=args.split, strategies=chosen, device=args.device
-    )
-    print(f"{path}: wrote {len(written)} submission directories under {args.output}")
-    return 0

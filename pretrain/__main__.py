@@ -6,7 +6,7 @@ Exit codes: 0 done; 2 bad input (config, data, run directory in use, incompatibl
 loss, gradient norm or weight: stopped without saving, `pretrain.guards`); 4 a checkpoint or log could not be
 written (disk full: `latest` unchanged); 75 (EX_TEMPFAIL) after a preemption-triggered checkpoint (requeue and
 rerun the same command); 130 Ctrl-C. Each command imports what it needs when it runs, so `--help` starts without
-torch or DeepSpeed (`check-config --device detect` imports torch to look at the GPU).
+torch or DeepSpeed (`check-config --precision-for detect` imports torch to look at the GPU).
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from collections.abc import Callable
 from itertools import zip_longest
 from pathlib import Path
 
-from common.cli import add_debug, add_output, config_argument, run_command
+from common.cli import add_debug, add_output, config_argument, dispatch
 from common.errors import EXIT_PEER_LOST
 
 from .config import CheckpointConfig, ConfigError, load_config
 from .precision import DeviceCaps
 
-# check-config --device: what to resolve the precision for (a login node has no GPU to detect)
-DEVICES: dict[str, Callable[[], DeviceCaps]] = {
+# check-config --precision-for: the device to resolve the precision for (a login node has no GPU to detect)
+PRECISION_FOR: dict[str, Callable[[], DeviceCaps]] = {
     "detect": DeviceCaps.detect,
     "cpu": DeviceCaps.cpu,
     "gpu-bf16": lambda: DeviceCaps("cuda", "a GPU with native bf16 (e.g. A100)", True, "8.0"),
@@ -67,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _verify_argument(t, "resuming")
     t.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    t.set_defaults(func=cmd_train)
 
     e = sub.add_parser("export", help="DeepSpeed checkpoint -> Hugging Face directory (safetensors + tokenizer)")
     e.add_argument("--checkpoint", required=True, help="RUN/checkpoints")
@@ -79,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
         help="replace an existing non-empty OUTPUT (default: %(default)s)",
     )
     _verify_argument(e, "exporting")
+    e.set_defaults(func=cmd_export)
 
     b = sub.add_parser("build-index", help="verify the data and cache the sample indexes offline (no process group)")
     _config_args(b)
@@ -89,23 +91,26 @@ def _parser() -> argparse.ArgumentParser:
         required=False,
         metavar="RUN",
     )
+    b.set_defaults(func=cmd_build_index)
 
     c = sub.add_parser("check-config", help="validate a run config (+ DeepSpeed JSON) and print the resolved form")
     _config_args(c)
     c.add_argument("--ds-config", default=None)
     c.add_argument("--world-size", type=int, default=1)
     c.add_argument(
-        "--device",
-        choices=sorted(DEVICES),
+        "--precision-for",
+        choices=sorted(PRECISION_FOR),
         default="detect",
-        help="the device whose precision to resolve: this machine's (detect), a CPU, a GPU with native bf16 "
+        help="resolve the precision for this device: this machine's (detect), a CPU, a GPU with native bf16 "
         "(A100, H100: gpu-bf16) or one without (V100: gpu-no-bf16) (default: %(default)s)",
     )
+    c.set_defaults(func=cmd_check_config)
 
     u = sub.add_parser("convert-universal", help="convert a checkpoint for a resume at another world size")
     u.add_argument("--checkpoint", required=True, help="RUN/checkpoints")
     u.add_argument("--tag", default="latest")
     _verify_argument(u, "converting")
+    u.set_defaults(func=cmd_convert_universal)
     return ap
 
 
@@ -156,7 +161,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         raise ConfigError(f"--world-size={args.world_size} must be >= 1")
     cfg = load_config(args.config, args.overrides)
     validate(cfg, world_size=args.world_size)
-    caps = DEVICES[args.device]()
+    caps = PRECISION_FOR[args.precision_for]()
     raw = load_ds_json(args.ds_config or cfg.train.ds_config)
     ds, layout = fill_ds_config(raw, cfg, args.world_size, caps)
     resolved = {
@@ -184,19 +189,9 @@ def cmd_convert_universal(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "train": cmd_train,
-    "export": cmd_export,
-    "build-index": cmd_build_index,
-    "check-config": cmd_check_config,
-    "convert-universal": cmd_convert_universal,
-}
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Parse and run one command; user errors exit 2 with `pretrain: error: ...` (common.cli.run_command)."""
-    args = _parser().parse_args(argv)
-    return run_command("pretrain", lambda: COMMANDS[args.command](args), debug=args.debug)
+    """Parse and run one command; user errors exit 2 with `pretrain: error: ...` (common.cli.dispatch)."""
+    return dispatch(_parser(), argv, prog="pretrain")
 
 
 def _exit(code: int) -> None:

@@ -96,3 +96,20 @@ def test_the_checker_sees_function_local_and_relative_imports(tmp_path):
     fake.write_text("def f():\n    from pretrain import trainer\n    from .tasks import get_task\n", encoding="utf-8")
     found = imports_of(fake, "finetune.m")
     assert {"pretrain.trainer", "finetune.tasks"} <= found
+
+
+PARSING = ("ArgumentParser(", "add_subparsers(", "add_parser(", "set_defaults(", "parse_args(", "parse_known_args(")
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_command_lines_are_parsed_only_in_main_and_cli_modules(package):
+    """Library modules hold no command line: parsers live in `__main__`, `*_cli` and `cli` modules (and
+    `common.cli`, the shared helpers), so a library function can be called without argparse in the way."""
+    wrong = [
+        f"{path.relative_to(REPO)}: {call}"
+        for name, path in package_modules(package).items()
+        if not (name.endswith(("__main__", "_cli", ".cli")) or name == "common.cli")
+        for call in PARSING
+        if call in path.read_text(encoding="utf-8")
+    ]
+    assert not wrong, "argparse parsing outside a CLI module:\n" + "\n".join(wrong)

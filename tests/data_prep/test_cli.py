@@ -194,14 +194,14 @@ def test_stats_output_and_one_line_errors(small_prepared, tmp_path, capsys, monk
     def multi_line(args):
         raise DataPrepError("first line\nsecond line")
 
-    monkeypatch.setitem(M.COMMANDS, "finalize", multi_line)
+    monkeypatch.setattr(M, "_cmd_finalize", multi_line)
     assert M.main(["finalize", str(tmp_path)]) == 2
     assert capsys.readouterr().err == "data_prep: error: first line second line\n"
 
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setitem(M.COMMANDS, "finalize", interrupted)
+    monkeypatch.setattr(M, "_cmd_finalize", interrupted)
     assert M.main(["finalize", str(tmp_path)]) == 130
 
 

@@ -169,7 +169,9 @@ def test_unreadable_inputs_of_every_command_are_one_line_errors(tmp_path, capsys
         assert code == 2 and f"{binary}: not UTF-8 text" in err and "Traceback" not in err
     ds = tmp_path / "ds.json"
     ds.write_bytes(b"\xff{}")
-    code, err = run_main(["check-config", "--config", str(TINY), "--ds-config", str(ds), "--device", "cpu"], capsys)
+    code, err = run_main(
+        ["check-config", "--config", str(TINY), "--ds-config", str(ds), "--precision-for", "cpu"], capsys
+    )
     assert code == 2 and f"{ds}: not UTF-8 text" in err and "the DeepSpeed config" in err
     code, err = run_main(["check-config", "--config", str(TINY), "--world-size", "0"], capsys)
     assert code == 2 and "--world-size=0 must be >= 1" in err

@@ -78,7 +78,7 @@ def test_check_config_needs_no_weights(capsys, monkeypatch, tmp_path):
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty_cache"))
     code = main(["check-config", "--config", str(CONFIGS / "elasticbert_base.yaml"), "--world-size", "64",
-                 "--device", "gpu-no-bf16"])  # fmt: skip
+                 "--precision-for", "gpu-no-bf16"])  # fmt: skip
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["config"]["model"]["init_from"] == "bert-base-uncased" and out["warmup_steps"] == 5000
     assert out["deepspeed"]["fp16"]["enabled"] is True and out["deepspeed"]["bf16"]["enabled"] is False

@@ -1,0 +1,61 @@
+"""`python -m finetune plot-angles` and `plot-embeddings`: the ACL diagnostics' figures (drawn by `plots.py`).
+
+- `python -m finetune plot-angles RUN [--output PNG]`: histogram and per-step trace of the angle between the CE and
+  contrastive gradients from RUN/acl_diagnostics.json (batches ACL-Grad dropped in red).
+- `python -m finetune plot-embeddings --model RUN/best --task T --data-dir D --layer l [--method tsne|pca]`:
+  exit l's L2-normalised representations h^e of dev examples and its K label embeddings (classifier rows), projected
+  together, as the paper's visualisation; the raw arrays go to an .npz beside the PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from common.cli import add_max_examples, add_output
+
+from .data import add_data_dir
+from .diagnostics import exit_embeddings
+from .model import add_device
+from .plots import plot_angles, plot_embeddings
+
+
+def add_subparser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("plot-angles", help="histogram/trace of CE vs contrastive gradient angles of a run")
+    p.add_argument("run", help="run directory (or its acl_diagnostics.json)")
+    add_output(p, "PNG path (default: RUN/angles.png)", required=False)
+    p.set_defaults(func=angles_main)
+
+    p = subparsers.add_parser("plot-embeddings", help="t-SNE/PCA of one exit's representations + label embeddings")
+    p.add_argument("--model", required=True, help="fine-tuned model dir (RUN/best)")
+    p.add_argument("--task", help="default: the model's fine-tuning task")
+    add_data_dir(p)
+    p.add_argument("--layer", type=int, help="exit layer (default: last)")
+    p.add_argument("--split", default="dev")
+    add_max_examples(p, default=500, help="a seeded random subset of N examples of the split (default: 500)")
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--method", choices=("tsne", "pca"), default="tsne")
+    add_device(p)
+    add_output(p, "PNG path (arrays go to the same name with .npz)")
+    p.set_defaults(func=embeddings_main)
+
+
+def angles_main(args: argparse.Namespace) -> int:
+    """`python -m finetune plot-angles ...`"""
+    print(f"wrote {plot_angles(args.run, args.output)}")
+    return 0
+
+
+def embeddings_main(args: argparse.Namespace) -> int:
+    """`python -m finetune plot-embeddings ...`"""
+    arrays = exit_embeddings(
+        args.model,
+        args.task,
+        args.data_dir,
+        args.layer,
+        args.split,
+        args.max_examples,
+        args.max_length,
+        device=args.device,
+    )
+    print(f"wrote {plot_embeddings(arrays, args.output, args.method)}")
+    return 0
