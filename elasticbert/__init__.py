@@ -14,6 +14,7 @@ from transformers import (
 from .configuration import ElasticBertConfig
 from .early_exit import EarlyExitResult, make_rule, run_batch
 from .exit_setting import EarlyExitSetting
+from .fnlp_export import LayoutError, export_fnlp, save_fnlp
 from .gradient_equilibrium import equilibrium_weights, rescale_gradient
 from .loading import CheckpointError, LoadReport, load_pretrained, minilm_dir, save_early_exit
 from .model_card import write_model_card
@@ -39,14 +40,17 @@ __all__ = [
     "ElasticBertForSequenceClassification",
     "ElasticBertModel",
     "ElasticBertPreTrainedModel",
+    "LayoutError",
     "LoadReport",
     "equilibrium_weights",
     "exit_groups",
+    "export_fnlp",
     "load_pretrained",
     "make_rule",
     "minilm_dir",
     "rescale_gradient",
     "run_batch",
+    "save_fnlp",
     "save_early_exit",
     "write_model_card",
 ]

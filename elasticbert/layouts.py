@@ -1,7 +1,9 @@
-"""Checkpoint layouts we read, as key names: the one place that knows how foreign weights map onto ours.
+"""Checkpoint layouts, as key names: the one place that knows how foreign weights map onto ours (and, for the
+official ElasticBERT layout, back).
 
 Used by both entry points, so they agree: `load_pretrained` applies these renames itself, and
 `ElasticBertPreTrainedModel.from_pretrained` hands the official ElasticBERT ones to transformers' `key_mapping` hook.
+`fnlp_export` writes the official layout with the inverse names (`official_head_names`, `official_pooler_layers`).
 
 - Released ElasticBERT fine-tuned heads (fastnlp/ElasticBERT, `finetune-static/models/modeling_elasticbert.py` and
   `finetune-dynamic/models/modeling_elasticbert_entropy.py` / `..._patience.py`): a static model has one
@@ -22,6 +24,29 @@ from typing import Literal
 from .configuration import PositionIdsStyle, official_exit_layers
 
 ClassifierLayout = Literal["bert", "roberta", "none"]
+
+OFFICIAL_PREFIX = "elasticbert."  # the official classes' base_model_prefix (their backbone keys are ours)
+OFFICIAL_POSITION_IDS = "elasticbert.embeddings.position_ids"  # a persistent buffer there (0..P-1); none of ours
+OFFICIAL_CONFIG_FIELDS = (  # the official ElasticBertConfig's own fields (`configuration_elasticbert.py`)
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "max_output_layers",
+    "num_output_layers",
+    "intermediate_size",
+    "hidden_act",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "initializer_range",
+    "layer_norm_eps",
+    "pad_token_id",
+    "gradient_checkpointing",
+    "position_embedding_type",
+    "use_cache",
+)
 
 BUFFER_SUFFIXES = ("position_ids", "token_type_ids")  # index buffers some checkpoints store; never weights
 TIED_SUFFIXES = (
@@ -59,6 +84,22 @@ def official_head_renames(num_layers: int, num_output_layers: int | None) -> dic
     return renames
 
 
+def official_head_names(num_layers: int, num_output_layers: int) -> dict[str, str]:
+    """The inverse of `official_head_renames` (regex -> replacement, for `apply_renames`): our linear exits' names
+    -> the official heads'. One output is the static class's `classifier`; more are the dynamic classes'
+    `classifiers.{i}`, `i` counting from the first of the last `num_output_layers` layers."""
+    layers = official_exit_layers(num_layers, num_output_layers)
+    if len(layers) == 1:
+        return {rf"^exits\.{layers[0]}\.classifier\.": "classifier."}
+    return {rf"^exits\.{layer}\.classifier\.": f"classifiers.{index}." for index, layer in enumerate(layers)}
+
+
+def official_pooler_layers(num_layers: int, num_output_layers: int) -> list[int]:
+    """0-based layers whose pooler the official encoder builds: those of its outputs. Its `pooler` ModuleList holds
+    None elsewhere, so a strict load there refuses any other pooler's weights."""
+    return [layer - 1 for layer in official_exit_layers(num_layers, num_output_layers)]
+
+
 def apply_renames(key: str, renames: dict[str, str]) -> str:
     for pattern, replacement in renames.items():
         renamed, count = re.subn(pattern, replacement, key, count=1)
@@ -79,6 +120,11 @@ def looks_like_encoder_key(key: str) -> bool:
 
 def layer_index(key: str) -> int | None:
     match = re.match(r"encoder\.layer\.(\d+)\.", key)
+    return int(match.group(1)) if match else None
+
+
+def pooler_index(key: str) -> int | None:
+    match = re.match(r"encoder\.pooler\.(\d+)\.", key)
     return int(match.group(1)) if match else None
 
 

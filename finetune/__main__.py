@@ -12,10 +12,19 @@ from collections.abc import Sequence
 
 from common.cli import add_debug, dispatch
 
-from . import diagnostics_cli, elue_cli, evaluate_cli, predict_cli, submission_cli, train_cli
+from . import diagnostics_cli, elue_cli, evaluate_cli, export_cli, predict_cli, submission_cli, train_cli
 from .early_exit import cli as early_exit_cli
 
-COMMAND_MODULES = (train_cli, evaluate_cli, diagnostics_cli, early_exit_cli, elue_cli, submission_cli, predict_cli)
+COMMAND_MODULES = (
+    train_cli,
+    evaluate_cli,
+    diagnostics_cli,
+    early_exit_cli,
+    elue_cli,
+    submission_cli,
+    predict_cli,
+    export_cli,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

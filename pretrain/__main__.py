@@ -74,6 +74,15 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--tag", default="latest")
     add_output(e, "the Hugging Face directory to write", metavar="DIR")
     e.add_argument(
+        "--layout",
+        choices=("ours", "fnlp"),
+        default="ours",
+        help="ours: model.safetensors with the MLM/SOP heads (finetune, AutoModel); fnlp: the released "
+        "fnlp/elasticbert-base layout for the official ElasticBERT code (encoder and every pooler under "
+        "elasticbert., no MLM/SOP heads), written twice: pytorch_model.bin for its transformers 4.x and "
+        "model.safetensors (default: %(default)s)",
+    )
+    e.add_argument(
         "--overwrite",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -134,8 +143,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from .export import export
 
-    out = export(Path(args.checkpoint), args.tag, Path(args.output), args.overwrite, args.verify_checksums)
-    print(f"exported {args.checkpoint} ({args.tag}) -> {out}")
+    out = export(Path(args.checkpoint), args.tag, Path(args.output), args.overwrite, args.verify_checksums, args.layout)
+    print(f"exported {args.checkpoint} ({args.tag}) -> {out} ({args.layout} layout)")
     return 0
 
 

@@ -5,6 +5,10 @@ so a bf16 run exports its fp32 weights); ZeRO-0 checkpoints have no partitions a
 checkpoint's checksums are verified first (`--no-verify-checksums` skips them; truncated files are refused anyway),
 and weights holding NaN/inf are refused. The result is written to a temporary sibling directory and renamed
 (`common.io.atomic_path`), so a failed export leaves no half-written model.
+
+Layouts: "ours" (`save_pretrained`: model.safetensors with the MLM/SOP heads, what finetune and AutoModel load) or
+"fnlp" (`elasticbert.fnlp_export`: the shape of the released `fnlp/elasticbert-base` for the official ElasticBERT
+code, the encoder and every pooler under `elasticbert.`, no heads, as pytorch_model.bin and model.safetensors).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 
 from common.io import atomic_path
 from elasticbert import ElasticBertConfig, ElasticBertForPreTraining  # (importing elasticbert registers Auto*)
+from elasticbert.fnlp_export import plan_fnlp, save_fnlp
 
 from .checkpoint import CLIENT_STATE, ResumeError, read_client_state, resolve_tag, verify_checkpoint
 from .integrity import LOAD_ERRORS, IntegrityError, nonfinite_tensors
@@ -41,10 +46,17 @@ def consolidated_state_dict(ckpt_dir: Path, tag: str) -> dict[str, torch.Tensor]
         raise ResumeError(f"DeepSpeed could not consolidate {tag_dir}: {type(e).__name__}: {str(e)[:500]}") from None
 
 
-def export(ckpt_dir: Path, tag: str | None, output: Path, overwrite: bool = False, verify: bool = True) -> Path:
-    """Write `output` (safetensors + config + tokenizer files); returns it. Refuses to replace an existing
-    non-empty directory unless `overwrite`, a checkpoint that fails its checksums unless not `verify`, and
-    non-finite weights always."""
+LAYOUTS = ("ours", "fnlp")
+
+
+def export(
+    ckpt_dir: Path, tag: str | None, output: Path, overwrite: bool = False, verify: bool = True, layout: str = "ours"
+) -> Path:
+    """Write `output` (weights + config + tokenizer files, in `layout`); returns it. Refuses to replace an existing
+    non-empty directory unless `overwrite`, a checkpoint that fails its checksums unless not `verify`, non-finite
+    weights always, and (layout "fnlp") a model the official layout cannot express."""
+    if layout not in LAYOUTS:
+        raise ResumeError(f"--layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
     ckpt_dir = Path(ckpt_dir)
     if not ckpt_dir.is_dir():
         raise ResumeError(f"{ckpt_dir} is not a directory (expected RUN/checkpoints)")
@@ -65,6 +77,8 @@ def export(ckpt_dir: Path, tag: str | None, output: Path, overwrite: bool = Fals
         config = ElasticBertConfig.from_pretrained(str(export_files))
     except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ResumeError(f"{export_files / 'config.json'} is not a readable model config: {e}") from None
+    if layout == "fnlp":  # refused before the weights are consolidated
+        plan_fnlp(config, classifier=False, where=str(ckpt_dir / tag))
     state = consolidated_state_dict(ckpt_dir, tag)
     count, names = nonfinite_tensors(state)
     if count:
@@ -84,7 +98,10 @@ def export(ckpt_dir: Path, tag: str | None, output: Path, overwrite: bool = Fals
     model.tie_weights()
     info = read_client_state(ckpt_dir, tag) if (ckpt_dir / tag / CLIENT_STATE).is_file() else {}
     with atomic_path(output) as tmp:
-        model.save_pretrained(str(tmp), safe_serialization=True)
+        if layout == "fnlp":
+            save_fnlp(model, tmp, str(ckpt_dir / tag))
+        else:
+            model.save_pretrained(str(tmp), safe_serialization=True)
         tok = export_files / "tokenizer"
         if tok.is_dir():
             for f in tok.iterdir():

@@ -1,0 +1,74 @@
+"""`python -m pretrain export --layout fnlp` on a stand-in checkpoint (no DeepSpeed run: a ZeRO-0 tag directory as
+the trainer commits it, its module state in `mp_rank_00_model_states.pt`), in seconds. The real DeepSpeed exports
+are tested in test_training.py (slow); the layout itself in tests/elasticbert/test_fnlp_export.py."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from safetensors.torch import load_file
+
+from elasticbert import ElasticBertConfig, ElasticBertForPreTraining, ElasticBertModel, load_pretrained
+from pretrain.__main__ import main
+from pretrain.checkpoint import CLIENT_STATE, LATEST
+from pretrain.integrity import hash_files, list_files, write_checksums
+
+STEP = 3
+
+
+def _checkpoint(ckpt_dir, **overrides):
+    """RUN/checkpoints with one committed ZeRO-0 checkpoint of a tiny pre-training model; returns the model."""
+    config = ElasticBertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        **overrides,
+    )
+    torch.manual_seed(0)
+    model = ElasticBertForPreTraining(config)
+    tag = ckpt_dir / f"global_step{STEP}"
+    (tag / "export" / "tokenizer").mkdir(parents=True)
+    torch.save({"module": model.state_dict()}, tag / "mp_rank_00_model_states.pt")
+    (tag / CLIENT_STATE).write_text(json.dumps({"step": STEP, "consumed_samples": 16 * STEP}))
+    config.to_json_file(tag / "export" / "config.json")
+    (tag / "export" / "tokenizer" / "vocab.txt").write_text("\n".join(f"w{i}" for i in range(100)) + "\n")
+    write_checksums(tag, hash_files(tag, list_files(tag)))
+    (ckpt_dir / LATEST).write_text(tag.name)
+    return model
+
+
+def test_export_layout_fnlp_writes_the_released_shape(tmp_path, capsys):
+    model = _checkpoint(tmp_path / "checkpoints")
+    out = tmp_path / "fnlp"
+    assert main(["export", "--checkpoint", str(tmp_path / "checkpoints"), "--output", str(out), "--layout=fnlp"]) == 0
+    assert "(fnlp layout)" in capsys.readouterr().out
+    state = torch.load(out / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    ours = model.state_dict()
+    backbone = {k for k in ours if k.startswith("elasticbert.")}
+    assert set(state) == backbone | {"elasticbert.embeddings.position_ids"}  # no cls.* (MLM/SOP) heads
+    assert all(torch.equal(state[k], ours[k]) for k in backbone)
+    assert load_file(str(out / "model.safetensors")).keys() == state.keys()
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_output_layers"] == config["num_hidden_layers"] == 3 and "exit_layers" not in config
+    assert (out / "vocab.txt").is_file() and json.loads((out / "pretrain_info.json").read_text())["step"] == STEP
+    base, report = load_pretrained(ElasticBertModel, out)
+    assert report.initialised == [] and report.unused == [], report
+
+    # the default layout is unchanged: ours, with the heads, safetensors only
+    assert main(["export", "--checkpoint", str(tmp_path / "checkpoints"), "--output", str(tmp_path / "ours")]) == 0
+    assert not (tmp_path / "ours" / "pytorch_model.bin").exists()
+    assert "cls.predictions.bias" in load_file(str(tmp_path / "ours" / "model.safetensors"))
+
+
+def test_export_layout_fnlp_refuses_what_the_official_code_cannot_run(tmp_path, capsys):
+    _checkpoint(tmp_path / "checkpoints", position_ids_style="roberta", pad_token_id=1)
+    out = tmp_path / "fnlp"
+    code = main(["export", "--checkpoint", str(tmp_path / "checkpoints"), "--output", str(out), "--layout", "fnlp"])
+    err = capsys.readouterr().err
+    assert code == 2 and "pretrain: error:" in err and "Traceback" not in err
+    assert f"global_step{STEP} cannot be written in the official ElasticBERT layout" in err
+    assert "position_ids_style='roberta'" in err and not out.exists()
