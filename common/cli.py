@@ -7,7 +7,7 @@
 - a flag means one thing in every command (`--device`: where a model runs);
 - one way to declare an option: bound to a config dataclass field, `config_argument` (its default, choices and type
   come from the field, so `--help` and the config agree); not bound to one, `add_argument`;
-- one way to dispatch: every subcommand sets its function with `set_defaults(func=...)`, and the `__main__` of each
+- one way to dispatch: every subcommand is declared with its function (`add_command`), and the `__main__` of each
   package hands its parser to `dispatch`, which runs `args.func(args)` through `run_command`;
 - a `UserError` prints `PROG: error: MESSAGE` and exits 2 (`run_command`); Ctrl-C exits 130; `--debug` (or
   `ELASTICBERT_DEBUG=1`) shows the traceback instead.
@@ -67,6 +67,25 @@ def dispatch(
     if prepare is not None:
         prepare(args)
     return run_command(prog or parser.prog, lambda: args.func(args), debug=args.debug)
+
+
+def add_command(
+    subparsers: argparse._SubParsersAction,
+    name: str,
+    func: Callable[[argparse.Namespace], int],
+    help: str,
+    **kwargs: Any,
+) -> argparse.ArgumentParser:
+    """Subcommand `name`, run as `func(args)` by `dispatch` (its description and epilog shown as written)."""
+    parser = subparsers.add_parser(name, help=help, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+    parser.set_defaults(func=func)
+    return parser
+
+
+def add_switch(parser: argparse.ArgumentParser | Any, flag: str, default: bool | None, help: str) -> None:
+    """A boolean `--x` / `--no-x` not bound to a config field (`default` None: "not said", for a caller to decide)."""
+    shown = "" if default is None or "%(default)" in help else " (default: %(default)s)"
+    parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help + shown)
 
 
 def add_output(parser: argparse.ArgumentParser | Any, help: str, required: bool = True, **kwargs: Any) -> None:

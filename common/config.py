@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import difflib
 import functools
+import math
 import operator
 import types
 import typing
@@ -44,6 +45,14 @@ def literal_choices(tp: Any) -> tuple[Any, ...] | None:
 def field_types(cls: type) -> dict[str, Any]:
     """Resolved type hints of a dataclass's fields (postponed annotations evaluated)."""
     return typing.get_type_hints(cls)
+
+
+def finite_float(text: str) -> float:
+    """`text` as a finite number; ValueError when it is not a number or not finite (nan, inf)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text!r} is not finite")
+    return value
 
 
 def choice_problem(key: str, value: Any, choices: tuple[Any, ...]) -> str | None:

@@ -26,7 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from common.cli import add_debug, add_output, config_argument, dispatch
+from common.cli import add_command, add_debug, add_output, add_switch, config_argument, dispatch
 from common.errors import UserError
 
 from .errors import DataPrepError, output_errors
@@ -97,18 +97,25 @@ def _input_options(p: argparse.ArgumentParser) -> None:
     config_argument(g, RunOptions, "allow_empty", help="skip empty input files instead of failing")
 
 
+TRAIN_TOKENIZER_HELP = "train a tokenizer on a corpus, or adopt a vocab.txt (--vocab)"
+TOKENIZE_HELP = "tokenize a corpus into train/valid shards"
+FINALIZE_HELP = "merge the units of all array tasks into shards + manifest.json"
+VERIFY_HELP = "re-hash every shard and check indexes, dtype, ids and totals"
+STATS_HELP = "docs, sentences, tokens, length histograms (PNG)"
+
+
 def _add_train_tokenizer(sub: Any) -> None:
-    p = sub.add_parser("train-tokenizer", help="train a tokenizer on a corpus, or adopt a vocab.txt (--vocab)")
+    p = add_command(sub, "train-tokenizer", partial(_one_line_errors, _cmd_train_tokenizer), TRAIN_TOKENIZER_HELP)
     p.add_argument("inputs", nargs="*", help="files, folders, globs, dataset dirs, hf:NAME[:CONFIG]")
     add_output(p, help="prepared-data directory; the tokenizer is saved to OUTPUT/tokenizer")
     p.add_argument("--vocab", help="adopt this vocab.txt (or a folder holding one) instead of training")
     config_argument(p, TokenizerTraining, "kind", help="wordpiece (tokenizers) or sentencepiece unigram/bpe")
     config_argument(p, TokenizerTraining, "vocab_size", help="vocabulary size to train")
-    p.add_argument(
+    add_switch(
+        p,
         "--cased",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="keep case (--no-cased: lower-case; default: lower-case when training, and for --vocab the "
+        None,
+        "keep case (--no-cased: lower-case; default: lower-case when training, and for --vocab the "
         "do_lower_case of a tokenizer_config.json beside it, else a guess from the vocab)",
     )
     p.add_argument(
@@ -120,7 +127,6 @@ def _add_train_tokenizer(sub: Any) -> None:
     )
     p.add_argument("--threads", type=int, default=default_workers(), help="training threads (default: CPUs)")
     _input_options(p)
-    _command(p, _cmd_train_tokenizer)
 
 
 def _add_max_unk_fraction(p: argparse.ArgumentParser) -> None:
@@ -135,7 +141,7 @@ def _add_max_unk_fraction(p: argparse.ArgumentParser) -> None:
 
 
 def _add_tokenize(sub: Any) -> None:
-    p = sub.add_parser("tokenize", help="tokenize a corpus into train/valid shards")
+    p = add_command(sub, "tokenize", partial(_one_line_errors, _cmd_tokenize), TOKENIZE_HELP)
     p.add_argument(
         "inputs", nargs="+", help="files, folders, globs (.txt/.jsonl, .gz/.zst), dataset dirs, hf:NAME[:CONFIG]"
     )
@@ -178,12 +184,6 @@ def _add_tokenize(sub: Any) -> None:
     config_argument(p, RunOptions, "progress", default=True, help="show a progress bar")
     _add_max_unk_fraction(p)
     _input_options(p)
-    _command(p, _cmd_tokenize)
-
-
-def _command(p: argparse.ArgumentParser, command: Callable[[argparse.Namespace], int]) -> None:
-    """Make `command` what `p` runs, through `_one_line_errors`."""
-    p.set_defaults(func=partial(_one_line_errors, command))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -196,26 +196,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_tokenizer(sub)
     _add_tokenize(sub)
 
-    p = sub.add_parser("finalize", help="merge the units of all array tasks into shards + manifest.json")
+    p = add_command(sub, "finalize", partial(_one_line_errors, _cmd_finalize), FINALIZE_HELP)
     p.add_argument("directory", metavar="DIR", help="the prepared-corpus directory (tokenize --output)")
     _add_max_unk_fraction(p)
-    _command(p, _cmd_finalize)
 
-    p = sub.add_parser("verify", help="re-hash every shard and check indexes, dtype, ids and totals")
+    p = add_command(sub, "verify", partial(_one_line_errors, _cmd_verify), VERIFY_HELP)
     p.add_argument("directory", metavar="DIR", help="the prepared-corpus directory")
     p.add_argument("--workers", type=int, default=1, help="processes re-hashing shards (default 1)")
-    _command(p, _cmd_verify)
 
-    p = sub.add_parser("stats", help="docs, sentences, tokens, length histograms (PNG)")
+    p = add_command(sub, "stats", partial(_one_line_errors, _cmd_stats), STATS_HELP)
     p.add_argument("directory", metavar="DIR", help="the prepared-corpus directory")
     add_output(p, help="where to write stats.json and PNGs (default: DIR/stats)", required=False, default=None)
-    _command(p, _cmd_stats)
     return parser
 
 
-def _prep_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The `PrepConfig` fields this command has flags for."""
-    return {f.name: getattr(args, f.name) for f in fields(PrepConfig) if hasattr(args, f.name)}
+def _given_fields(cls: type, args: argparse.Namespace) -> dict[str, Any]:
+    """The fields of config dataclass `cls` this command has flags for (declared with `config_argument`)."""
+    return {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
 
 
 # ---------------------------------------------------------------------------------------------- commands
@@ -234,7 +231,7 @@ def _cmd_train_tokenizer(args: argparse.Namespace) -> int:
                 raise DataPrepError(f"{final}: a tokenizer already exists; use another --output or delete it first")
             if args.max_bytes < 1:
                 raise DataPrepError(f"--max-bytes must be > 0 (got {args.max_bytes})")
-            texts = iter_corpus_texts(args.inputs, max_bytes=args.max_bytes, **_prep_settings(args))
+            texts = iter_corpus_texts(args.inputs, max_bytes=args.max_bytes, **_given_fields(PrepConfig, args))
             meta = train_tokenizer(
                 texts,
                 final,
@@ -252,16 +249,10 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
         args.inputs,
         args.output,
         tokenizer=args.tokenizer,
-        workers=args.workers,
         num_tasks=args.num_tasks,
         task_index=args.task_index,
-        threads_per_worker=args.threads_per_worker,
-        progress=args.progress,
-        finalize=args.finalize,
-        allow_empty=args.allow_empty,
-        rehash=args.rehash,
-        max_unk_fraction=args.max_unk_fraction,
-        **_prep_settings(args),
+        **_given_fields(RunOptions, args),
+        **_given_fields(PrepConfig, args),
     )
     if "splits" in res:
         _print_manifest(args.output, res)

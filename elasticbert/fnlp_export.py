@@ -211,7 +211,8 @@ def export_fnlp(model_dir: str | Path, output: str | Path, *, overwrite: bool = 
     directory = resolve_pretrained(model_dir, what="--model")
     if output.resolve() == Path(directory).resolve():
         raise LayoutError(f"--output {output} is the model directory itself: write the export somewhere else")
-    model, report = load_pretrained(_export_class(read_config(directory)), directory)
+    raw = read_config(directory)
+    model, report = load_pretrained(_export_class(raw), directory, raw_config=raw)
     untrained = _untrained(model, report)
     if untrained:
         raise LayoutError(

@@ -27,13 +27,12 @@ ClassifierLayout = Literal["bert", "roberta", "none"]
 
 OFFICIAL_PREFIX = "elasticbert."  # the official classes' base_model_prefix (their backbone keys are ours)
 OFFICIAL_POSITION_IDS = "elasticbert.embeddings.position_ids"  # a persistent buffer there (0..P-1); none of ours
-OFFICIAL_CONFIG_FIELDS = (  # the official ElasticBertConfig's own fields (`configuration_elasticbert.py`)
+# The architecture fields of a BERT config.json, which the official ElasticBertConfig shares (its own fields added).
+BERT_ARCHITECTURE_FIELDS = (
     "vocab_size",
     "hidden_size",
     "num_hidden_layers",
     "num_attention_heads",
-    "max_output_layers",
-    "num_output_layers",
     "intermediate_size",
     "hidden_act",
     "hidden_dropout_prob",
@@ -43,8 +42,15 @@ OFFICIAL_CONFIG_FIELDS = (  # the official ElasticBertConfig's own fields (`conf
     "initializer_range",
     "layer_norm_eps",
     "pad_token_id",
-    "gradient_checkpointing",
     "position_embedding_type",
+)
+BERT_CONFIG_FIELDS = (*BERT_ARCHITECTURE_FIELDS, "classifier_dropout", "problem_type")
+# the official ElasticBertConfig's own fields (`configuration_elasticbert.py`)
+OFFICIAL_CONFIG_FIELDS = (
+    *BERT_ARCHITECTURE_FIELDS,
+    "max_output_layers",
+    "num_output_layers",
+    "gradient_checkpointing",
     "use_cache",
 )
 

@@ -40,6 +40,7 @@ from common.io import atomic_write_json, read_object
 from .configuration import ElasticBertConfig
 from .exit_setting import EarlyExitSetting
 from .layouts import (
+    BERT_CONFIG_FIELDS,
     BUFFER_SUFFIXES,
     FAMILIES,
     TIED_SUFFIXES,
@@ -53,24 +54,6 @@ from .layouts import (
 )
 from .modeling import ElasticBertForSequenceClassification, ElasticBertModel
 
-BERT_CONFIG_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "hidden_act",
-    "hidden_dropout_prob",
-    "attention_probs_dropout_prob",
-    "max_position_embeddings",
-    "type_vocab_size",
-    "initializer_range",
-    "layer_norm_eps",
-    "pad_token_id",
-    "position_embedding_type",
-    "classifier_dropout",
-    "problem_type",
-)
 LABEL_FIELDS = ("id2label", "label2id")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 OTHER_FRAMEWORK_FILES = ("tf_model.h5", "flax_model.msgpack", "model.onnx", "rust_model.ot")
@@ -219,6 +202,7 @@ def load_pretrained(
     path: str | Path,
     *,
     allow_random_encoder: bool = False,
+    raw_config: dict | None = None,
     **config_overrides: object,
 ) -> tuple[PreTrainedModel, LoadReport]:
     """Load any supported checkpoint (directory or hub name) into `model_class` (an ElasticBERT class); returns the
@@ -227,10 +211,11 @@ def load_pretrained(
     `config_overrides` change the config before weights load, e.g. `num_hidden_layers=4` (static truncation: deeper
     layers are left unused), `exit_layers=[2, 4]`, `num_labels=3`. `allow_random_encoder=True` loads a checkpoint
     even when embedding or layer weights would stay random (deliberate from-scratch use; the report lists them).
+    `raw_config`: the directory's config.json as a caller already read it (`read_config`), so it is read once.
     """
     _check_override_names(config_overrides)
     directory = resolve_pretrained(path, what="model")
-    raw = read_config(directory)
+    raw = raw_config if raw_config is not None else read_config(directory)
     model_type = raw.get("model_type")
     family = None
     if model_type == "elasticbert":

@@ -11,21 +11,23 @@ from __future__ import annotations
 
 import argparse
 
-from common.cli import add_max_examples, add_output
+from common.cli import add_command, add_max_examples, add_output
 
 from .data import add_data_dir
 from .diagnostics import exit_embeddings
 from .model import add_device
 from .plots import plot_angles, plot_embeddings
 
+PLOT_ANGLES_HELP = "histogram/trace of CE vs contrastive gradient angles of a run"
+PLOT_EMBEDDINGS_HELP = "t-SNE/PCA of one exit's representations + label embeddings"
+
 
 def add_subparser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("plot-angles", help="histogram/trace of CE vs contrastive gradient angles of a run")
+    p = add_command(subparsers, "plot-angles", angles_main, PLOT_ANGLES_HELP)
     p.add_argument("run", help="run directory (or its acl_diagnostics.json)")
     add_output(p, "PNG path (default: RUN/angles.png)", required=False)
-    p.set_defaults(func=angles_main)
 
-    p = subparsers.add_parser("plot-embeddings", help="t-SNE/PCA of one exit's representations + label embeddings")
+    p = add_command(subparsers, "plot-embeddings", embeddings_main, PLOT_EMBEDDINGS_HELP)
     p.add_argument("--model", required=True, help="fine-tuned model dir (RUN/best)")
     p.add_argument("--task", help="default: the model's fine-tuning task")
     add_data_dir(p)
@@ -36,7 +38,6 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--method", choices=("tsne", "pca"), default="tsne")
     add_device(p)
     add_output(p, "PNG path (arrays go to the same name with .npz)")
-    p.set_defaults(func=embeddings_main)
 
 
 def angles_main(args: argparse.Namespace) -> int:

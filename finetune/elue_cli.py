@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Mapping
 from pathlib import Path
 
-from common.cli import add_output
+from common.cli import add_command, add_output
 from common.errors import ConfigError
 from common.io import atomic_write_json
 
@@ -40,23 +40,32 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:+.2f}" if abs(x) < 50 else f"{x:.2f}"
 
 
+ELUE_SCORE_HELP = "ELUE score of operating points against a baseline per-exit curve"
+
+
+ELUE_SCORE_DESCRIPTION = (
+    "score = mean_i (p_i - p_EB(f_i)) per task with p_EB linearly interpolated from the baseline's "
+    "points; the benchmark score is the mean over tasks. Baseline/points files: JSON {name, source, tasks: "
+    "{TASK: [{flops, score}, ...]}}, CSV task,flops,score[,system], or an early-exit result (as a baseline: the "
+    "model's own static curve, and every score says so). FLOPs > 0 per sample, scores in [-100, 100]. See "
+    "finetune/elue.py and finetune/README.md."
+)
+
+
 def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register `elue-score` on the `python -m finetune` command line."""
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "elue-score",
-        help="ELUE score of operating points against a baseline per-exit curve",
-        description="score = mean_i (p_i - p_EB(f_i)) per task with p_EB linearly interpolated from the baseline's "
-        "points; the benchmark score is the mean over tasks. Baseline/points files: JSON {name, source, tasks: "
-        "{TASK: [{flops, score}, ...]}}, CSV task,flops,score[,system], or an early-exit result (as a baseline: the "
-        "model's own static curve, and every score says so). FLOPs > 0 per sample, scores in [-100, 100]. See "
-        "finetune/elue.py and finetune/README.md.",
+        main,
+        ELUE_SCORE_HELP,
+        description=ELUE_SCORE_DESCRIPTION,
     )
     p.add_argument("--baseline", required=True, nargs="+", help="baseline curve file(s): JSON, CSV or early-exit JSON")
     p.add_argument("--points", required=True, nargs="+", help="system points file(s): JSON, CSV or early-exit JSON")
     p.add_argument("--out-of-range", choices=OUT_OF_RANGE, default="clamp")
     p.add_argument("--system", default=None, help="score only this system (e.g. one strategy)")
     add_output(p, "write the full report as JSON here", required=False)
-    p.set_defaults(func=main)
     return p
 
 

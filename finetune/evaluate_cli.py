@@ -11,40 +11,29 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from common.cli import add_max_examples, add_output
+from common.cli import add_command, add_max_examples, add_output, add_switch
 
 from .data import add_data_dir
 from .evaluation import evaluate_model
 from .model import add_device
 
+EVALUATE_HELP = "per-exit dev scores (JSON + PNG curve) and GLUE/ELUE test prediction files"
+
 
 def add_subparser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "evaluate",
-        help="per-exit dev scores (JSON + PNG curve) and GLUE/ELUE test prediction files",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(subparsers, "evaluate", main, EVALUATE_HELP, description=__doc__)
     p.add_argument("--model", required=True, help="a fine-tuned run's model directory (RUN_DIR/best)")
     p.add_argument("--task", help="task name (default: the one the model was fine-tuned on)")
     add_data_dir(p)
     add_output(p, "directory for dev_scores.json, layer_curve.png and predictions/")
     p.add_argument("--split", default="dev")
-    p.add_argument(
-        "--test",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="write the test prediction files (default: %(default)s)",
-    )
+    add_switch(p, "--test", True, "write the test prediction files")
     p.add_argument("--predict-exit", type=int, help="exit whose predictions go into the submission (default: last)")
-    p.add_argument(
-        "--all-exits", action=argparse.BooleanOptionalAction, default=False, help="also write predictions of every exit"
-    )
+    add_switch(p, "--all-exits", False, "also write predictions of every exit")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--max-length", type=int, help="default: the training run's, else 128")
     add_max_examples(p, help="score a seeded random subset of the split")
     add_device(p)
-    p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:

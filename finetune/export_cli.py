@@ -13,46 +13,31 @@ copied. The directory is written beside OUTPUT and renamed when complete. See `e
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
-from functools import partial
-from typing import Literal
 
-from common.cli import add_output, config_argument
+from common.cli import add_command, add_output, add_switch
 from elasticbert.fnlp_export import export_fnlp
-
-ExportLayout = Literal["fnlp"]
 
 EPILOG = """example:
   python -m finetune export --model runs/sst2/best --output exports/sst2_fnlp --layout fnlp
 """
 
 
-@dataclass
-class ExportConfig:
-    """The `export` options' defaults and choices."""
-
-    layout: ExportLayout = "fnlp"
-    overwrite: bool = False
+EXPORT_HELP = (
+    "write a fine-tuned model in the official ElasticBERT layout (--layout fnlp: pytorch_model.bin + safetensors)"
+)
 
 
 def add_subparser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "export",
-        help="write a fine-tuned model in the official ElasticBERT layout (--layout fnlp: pytorch_model.bin + "
-        "safetensors)",
-        description=__doc__,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(subparsers, "export", main, EXPORT_HELP, description=__doc__, epilog=EPILOG)
     p.add_argument("--model", required=True, help="fine-tuned model directory (RUN/best) or hub name")
     add_output(p, "the directory to write (whole, or nothing on an error)", metavar="DIR")
-    option = partial(config_argument, p, ExportConfig)
-    option(
-        "layout",
-        help="fnlp: the official ElasticBERT code's layout (our own is what train already writes)",
+    p.add_argument(
+        "--layout",
+        choices=("fnlp",),
+        default="fnlp",
+        help="fnlp: the official ElasticBERT code's layout (our own is what train already writes) (default: fnlp)",
     )
-    option("overwrite", help="replace an existing non-empty --output")
-    p.set_defaults(func=main)
+    add_switch(p, "--overwrite", False, "replace an existing non-empty --output")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -58,9 +58,9 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
-def checkpoint_exit_labels(directory: Path) -> int | None:
-    """The number of labels of a fine-tuned classifier checkpoint (None when it has no trained exits)."""
-    raw = read_config(directory)
+def checkpoint_exit_labels(directory: Path, raw: dict) -> int | None:
+    """The number of labels of a fine-tuned classifier checkpoint (None when it has no trained exits); `raw`: its
+    config.json (`read_config`)."""
     if raw.get("model_type") != "elasticbert":
         return None
     weights = directory / "model.safetensors"
@@ -81,7 +81,7 @@ def build_model(cfg: FinetuneConfig, task: TaskSpec) -> tuple[ElasticBertForSequ
     directory = resolve_pretrained(cfg.model.path, what="--model")
     raw = read_config(directory)
     depth = int(raw.get("num_hidden_layers", 0))
-    trained = checkpoint_exit_labels(directory)
+    trained = checkpoint_exit_labels(directory, raw)
     if trained is not None and trained != task.num_labels:
         raise CheckpointError(
             f"{directory}: checkpoint's exit classifiers have {trained} outputs, task {task.name} needs "
@@ -104,7 +104,7 @@ def build_model(cfg: FinetuneConfig, task: TaskSpec) -> tuple[ElasticBertForSequ
         overrides["id2label"] = dict(enumerate(task.label_names))
         overrides["label2id"] = {name: i for i, name in enumerate(task.label_names)}
     overrides["early_exit"] = None  # an operating point chosen for the old weights says nothing about the new ones
-    model, report = load_pretrained(ElasticBertForSequenceClassification, directory, **overrides)
+    model, report = load_pretrained(ElasticBertForSequenceClassification, directory, raw_config=raw, **overrides)
     cfg.validate(task.num_labels, depth, max_positions(model))
     model.config.finetuning_task = task.name
     return model, report
@@ -155,9 +155,10 @@ def load_finetuned(
     `model.untrained_exits` and refused when `require_trained` is True (early exit and submissions need every exit)
     or names them (the exits a caller will use), else named in a warning on stderr."""
     directory = resolve_pretrained(path, what="--model")
-    if checkpoint_exit_labels(directory) is None and read_config(directory).get("model_type") != "elasticbert":
+    raw = read_config(directory)
+    if checkpoint_exit_labels(directory, raw) is None and raw.get("model_type") != "elasticbert":
         raise CheckpointError(f"{directory}: not a fine-tuned classifier (no exit classifiers in the weights)")
-    model, report = load_pretrained(ElasticBertForSequenceClassification, directory)
+    model, report = load_pretrained(ElasticBertForSequenceClassification, directory, raw_config=raw)
     untrained, why = untrained_exits(model, report)
     model.untrained_exits = untrained
     if untrained == list(model.exit_layers) and freshly_initialised_exits(report):

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from common.cli import add_output, config_argument
+from common.cli import add_command, add_output, config_argument
 from common.errors import ConfigError
 from common.io import atomic_path
 from elasticbert import save_early_exit
@@ -70,14 +70,21 @@ EPILOG = """examples:
 """
 
 
+PREDICT_HELP = "classify texts or pairs from a file or stdin with early exiting: JSONL with label, exit layer, FLOPs"
+SAVE_EARLY_EXIT_HELP = (
+    "store an early-exit setting in a model's config.json: its forward (and pipelines) then exit early"
+)
+
+
+SAVE_EARLY_EXIT_DESCRIPTION = (
+    "Write the rule into MODEL/config.json (`config.early_exit`, atomically; --clear removes it), so "
+    "that `transformers.pipeline('text-classification', model=MODEL)` and the model's own forward in eval mode "
+    "exit early. The rules a config can carry are those that need no side model (not lte)."
+)
+
+
 def add_subparser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "predict",
-        help="classify texts or pairs from a file or stdin with early exiting: JSONL with label, exit layer, FLOPs",
-        description=__doc__,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(subparsers, "predict", main, PREDICT_HELP, description=__doc__, epilog=EPILOG)
     p.add_argument("--model", required=True, help="fine-tuned model directory (RUN/best) or hub name")
     option = partial(config_argument, p, PredictConfig)
     option("input", help="txt, JSONL or TSV file, or - for stdin (streamed)")
@@ -90,19 +97,17 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     add_device(p)
     option("threads", help="torch intra-op threads")
     option("progress", help="progress bar for files (stderr)")
-    p.set_defaults(func=main)
 
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "save-early-exit",
-        help="store an early-exit setting in a model's config.json: its forward (and pipelines) then exit early",
-        description="Write the rule into MODEL/config.json (`config.early_exit`, atomically; --clear removes it), so "
-        "that `transformers.pipeline('text-classification', model=MODEL)` and the model's own forward in eval mode "
-        "exit early. The rules a config can carry are those that need no side model (not lte).",
+        save_main,
+        SAVE_EARLY_EXIT_HELP,
+        description=SAVE_EARLY_EXIT_DESCRIPTION,
     )
     p.add_argument("--model", required=True, help="a local fine-tuned model directory (RUN/best)")
     _rule_arguments(p, lte=False)
     p.add_argument("--clear", action="store_true", help="remove the setting (every exit runs again)")
-    p.set_defaults(func=save_main)
 
 
 def _rule_arguments(p: argparse.ArgumentParser, lte: bool = True) -> None:

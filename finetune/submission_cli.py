@@ -6,28 +6,24 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from common.cli import add_output
+from common.cli import add_command, add_output
 
 from . import submission
 from .early_exit.operating_point import load_result
 from .model import add_device
 from .submission import write_submissions_for_results
 
+SUBMISSION_HELP = "ELUE submission files: re-run each operating point of an early-exit result on the test split"
+
 
 def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register `submission` on the `python -m finetune` command line."""
-    p = subparsers.add_parser(
-        "submission",
-        help="ELUE submission files: re-run each operating point of an early-exit result on the test split",
-        description=submission.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(subparsers, "submission", main, SUBMISSION_HELP, description=submission.__doc__)
     p.add_argument("--results", required=True, metavar="EARLY_EXIT.json", help="a result JSON of `early-exit`")
     add_output(p, "directory that receives one <strategy>_<threshold>/ directory per operating point", metavar="DIR")
     p.add_argument("--strategy", default=None, help="comma list of the result's strategies (default: all of them)")
     p.add_argument("--split", default="test", help="split to predict (default: %(default)s)")
     add_device(p)
-    p.set_defaults(func=main)
     return p
 
 

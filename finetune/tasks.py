@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.config import finite_float
 from common.errors import UserError
 from elasticbert.early_exit import logits_to_predictions  # [N, K] -> class ids, [N, 1] -> values: the one place
 
@@ -342,12 +343,9 @@ def _parse_label(spec: TaskSpec, raw: str, where: str) -> int | float:
     raw = raw.strip()
     if spec.is_regression:
         try:
-            value = float(raw)
+            return finite_float(raw)
         except ValueError:
-            raise DataError(f"{where}: label {raw!r} is not a number (task {spec.name} is regression)") from None
-        if not math.isfinite(value):
-            raise DataError(f"{where}: label {raw!r} is not finite")
-        return value
+            raise DataError(f"{where}: label {raw!r} is not a finite number (task {spec.name} is regression)") from None
     if raw in spec.label_names:
         return spec.label_names.index(raw)
     raise DataError(f"{where}: unknown label {raw!r} for task {spec.name}; expected one of {list(spec.label_names)}")

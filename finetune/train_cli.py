@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from common.cli import add_output, config_argument, given_config_keys
+from common.cli import add_command, add_output, add_switch, config_argument, given_config_keys
 
 from .config import FinetuneConfig, flag, load_config_file, parse_exit_lr, recipe_names, resolve_config
 from .trainer import run_training
@@ -32,13 +32,11 @@ The model lands in OUTPUT/best (load with elasticbert.load_pretrained(ElasticBer
 """
 
 
+TRAIN_HELP = "fine-tune on a GLUE/ELUE task (static truncation, multi-exit JT/2ST/ALT, CE/SCL/ACL objectives)"
+
+
 def add_subparser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "train",
-        help="fine-tune on a GLUE/ELUE task (static truncation, multi-exit JT/2ST/ALT, CE/SCL/ACL objectives)",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_command(subparsers, "train", _main, TRAIN_HELP, epilog=EPILOG)
     _run_arguments(p.add_argument_group("run"))
     for title, rows in OPTIONS.items():
         group = p.add_argument_group(title)
@@ -46,7 +44,6 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
             config_argument(
                 group, FinetuneConfig, key, flag(key), shortcut=True, help=help, **ARGPARSE_EXTRA.get(key, {})
             )
-    p.set_defaults(func=_main)
 
 
 def _run_arguments(g: argparse._ArgumentGroup) -> None:
@@ -67,12 +64,7 @@ def _run_arguments(g: argparse._ArgumentGroup) -> None:
         help="set any config key, e.g. --set optim.warmup=0.06 (repeatable; values parsed as YAML)",
     )
     add_output(g, "run directory (a finished or running run there is refused; see --overwrite)")
-    g.add_argument(
-        "--overwrite",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="replace a finished run in --output (a running one is never replaced)",
-    )
+    add_switch(g, "--overwrite", False, "replace a finished run in --output (a running one is never replaced)")
 
 
 # One shortcut flag per config key (`config.flag(key)` spells it), by help group.

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from itertools import zip_longest
 from pathlib import Path
 
-from common.cli import add_debug, add_output, config_argument, dispatch
+from common.cli import add_command, add_debug, add_output, add_switch, config_argument, dispatch
 from common.errors import EXIT_PEER_LOST
 
 from .config import CheckpointConfig, ConfigError, load_config
@@ -46,6 +46,13 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+TRAIN_HELP = "train (resumes from OUTPUT/checkpoints/latest when there is one)"
+EXPORT_HELP = "DeepSpeed checkpoint -> Hugging Face directory (safetensors + tokenizer)"
+BUILD_INDEX_HELP = "verify the data and cache the sample indexes offline (no process group)"
+CHECK_CONFIG_HELP = "validate a run config (+ DeepSpeed JSON) and print the resolved form"
+CONVERT_UNIVERSAL_HELP = "convert a checkpoint for a resume at another world size"
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m pretrain", description="ElasticBERT multi-exit pre-training")
     # the deepspeed launcher inserts --local_rank=N before the subcommand (LOCAL_RANK is read from the environment)
@@ -53,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     add_debug(ap)
     sub = ap.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("train", help="train (resumes from OUTPUT/checkpoints/latest when there is one)")
+    t = add_command(sub, "train", cmd_train, TRAIN_HELP)
     _config_args(t)
     add_output(
         t,
@@ -67,9 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     _verify_argument(t, "resuming")
     t.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
-    t.set_defaults(func=cmd_train)
 
-    e = sub.add_parser("export", help="DeepSpeed checkpoint -> Hugging Face directory (safetensors + tokenizer)")
+    e = add_command(sub, "export", cmd_export, EXPORT_HELP)
     e.add_argument("--checkpoint", required=True, help="RUN/checkpoints")
     e.add_argument("--tag", default="latest")
     add_output(e, "the Hugging Face directory to write", metavar="DIR")
@@ -82,16 +88,10 @@ def _parser() -> argparse.ArgumentParser:
         "elasticbert., no MLM/SOP heads), written twice: pytorch_model.bin for its transformers 4.x and "
         "model.safetensors (default: %(default)s)",
     )
-    e.add_argument(
-        "--overwrite",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="replace an existing non-empty OUTPUT (default: %(default)s)",
-    )
+    add_switch(e, "--overwrite", False, "replace an existing non-empty OUTPUT")
     _verify_argument(e, "exporting")
-    e.set_defaults(func=cmd_export)
 
-    b = sub.add_parser("build-index", help="verify the data and cache the sample indexes offline (no process group)")
+    b = add_command(sub, "build-index", cmd_build_index, BUILD_INDEX_HELP)
     _config_args(b)
     add_output(
         b,
@@ -100,9 +100,8 @@ def _parser() -> argparse.ArgumentParser:
         required=False,
         metavar="RUN",
     )
-    b.set_defaults(func=cmd_build_index)
 
-    c = sub.add_parser("check-config", help="validate a run config (+ DeepSpeed JSON) and print the resolved form")
+    c = add_command(sub, "check-config", cmd_check_config, CHECK_CONFIG_HELP)
     _config_args(c)
     c.add_argument("--ds-config", default=None)
     c.add_argument("--world-size", type=int, default=1)
@@ -113,13 +112,11 @@ def _parser() -> argparse.ArgumentParser:
         help="resolve the precision for this device: this machine's (detect), a CPU, a GPU with native bf16 "
         "(A100, H100: gpu-bf16) or one without (V100: gpu-no-bf16) (default: %(default)s)",
     )
-    c.set_defaults(func=cmd_check_config)
 
-    u = sub.add_parser("convert-universal", help="convert a checkpoint for a resume at another world size")
+    u = add_command(sub, "convert-universal", cmd_convert_universal, CONVERT_UNIVERSAL_HELP)
     u.add_argument("--checkpoint", required=True, help="RUN/checkpoints")
     u.add_argument("--tag", default="latest")
     _verify_argument(u, "converting")
-    u.set_defaults(func=cmd_convert_universal)
     return ap
 
 

@@ -4,6 +4,7 @@ groups."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -11,23 +12,16 @@ import torch
 
 from common.hub import resolve_pretrained
 from elasticbert import ElasticBertConfig, ElasticBertForPreTraining, load_pretrained, minilm_dir
+from elasticbert.layouts import BERT_ARCHITECTURE_FIELDS
 
 from .config import ConfigError, ModelConfig, RunConfig, resolve_path
 
 
 def _from_scratch(m: ModelConfig, vocab_size: int) -> ElasticBertForPreTraining:
-    return ElasticBertForPreTraining(
-        ElasticBertConfig(
-            vocab_size=m.vocab_size or vocab_size,
-            hidden_size=m.hidden_size,
-            num_hidden_layers=m.num_hidden_layers,
-            num_attention_heads=m.num_attention_heads,
-            intermediate_size=m.intermediate_size,
-            max_position_embeddings=m.max_position_embeddings,
-            hidden_dropout_prob=m.hidden_dropout_prob,
-            attention_probs_dropout_prob=m.attention_probs_dropout_prob,
-        )
-    )
+    """The model section's architecture fields carry BERT's names, so they go to the config as they are."""
+    architecture = {k: v for k, v in dataclasses.asdict(m).items() if k in BERT_ARCHITECTURE_FIELDS}
+    architecture["vocab_size"] = m.vocab_size or vocab_size
+    return ElasticBertForPreTraining(ElasticBertConfig(**architecture))
 
 
 def init_source(init_from: str) -> Path:

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # slurm/common.sh - the shared logic of the ElasticBERT Slurm batch scripts. SOURCE it (do not run it), after
-# setting EB_ROOT to the repository root (each script does that with the same short bootstrap loop, because Slurm runs a
+# setting EB_ROOT to the repository root (each script finds it with the same three-line bootstrap, because Slurm runs a
 # copy of the batch script from its spool directory, so `dirname "$0"` is not the repository there).
 #
 # Functions (all prefixed eb_):

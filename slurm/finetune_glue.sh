@@ -33,12 +33,11 @@
 #SBATCH --output=%x-%A_%a.out
 set -euo pipefail
 
-for EB_ROOT in "${EB_ROOT:-}" "${SLURM_SUBMIT_DIR:-}" "${SLURM_SUBMIT_DIR:-.}/.." "$(dirname "$0")/.."; do
-  [ -f "$EB_ROOT/slurm/common.sh" ] && break
-done
-[ -f "$EB_ROOT/slurm/common.sh" ] || { echo "slurm/common.sh not found: submit from the repo or set EB_ROOT" >&2; exit 1; }
+# The repository (Slurm runs a copy of this file from its spool directory), then the shared logic of slurm/common.sh.
+EB_ROOT=$(for d in "${EB_ROOT:-}" "${SLURM_SUBMIT_DIR:-}" "${SLURM_SUBMIT_DIR:-.}/.." "$(dirname "$0")/.."; do
+  [ -f "$d/slurm/common.sh" ] && echo "$d" && break; done; true)
 # shellcheck source=common.sh source-path=SCRIPTDIR
-source "$EB_ROOT/slurm/common.sh"
+source "${EB_ROOT:?slurm/common.sh not found: submit from the repository or set EB_ROOT}/slurm/common.sh"
 
 read -ra tasks <<<"${TASKS:-cola sst2 mrpc stsb qqp mnli qnli rte}"
 read -ra seeds <<<"${SEEDS:-1 2 3 4 5}"

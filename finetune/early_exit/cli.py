@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from common.cli import add_max_examples, add_output, config_argument
+from common.cli import add_command, add_max_examples, add_output, add_switch, config_argument
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
 from common.io import atomic_write_json
@@ -33,13 +33,12 @@ DESCRIPTION = (
 )
 
 
+EARLY_EXIT_HELP = "sweep early-exit rules on a fine-tuned multi-exit model: score, FLOPs, speed-ups, Pareto plot"
+
+
 def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register `early-exit` on the `python -m finetune` command line."""
-    p = subparsers.add_parser(
-        "early-exit",
-        help="sweep early-exit rules on a fine-tuned multi-exit model: score, FLOPs, speed-ups, Pareto plot",
-        description=DESCRIPTION,
-    )
+    p = add_command(subparsers, "early-exit", main, EARLY_EXIT_HELP, description=DESCRIPTION)
     p.add_argument("--model", required=True, help="fine-tuned multi-exit model directory (RUN/best)")
     p.add_argument("--task", required=True, help="task name, e.g. SST-2, MRPC, STS-B, elue/SNLI")
     p.add_argument("--strategy", default="all", help=f"comma list of {', '.join(STRATEGIES)}, or 'all'")
@@ -59,23 +58,12 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     add_device(p)
     add_output(p, "output directory (default runs/early_exit/<task>)", required=False)
-    p.add_argument(
-        "--merge",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="keep the other strategies of an earlier run in the same JSON (default: %(default)s)",
-    )
+    add_switch(p, "--merge", True, "keep the other strategies of an earlier run in the same JSON")
     p.add_argument("--lte-head", default=None, help="LTE head file (.safetensors); trained and saved here if absent")
-    p.add_argument(
-        "--train-lte",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="(re)train the LTE head even if --lte-head exists",
-    )
+    add_switch(p, "--train-lte", False, "(re)train the LTE head even if --lte-head exists")
     p.add_argument("--lte-split", default="train", help="split the LTE head is fitted on")
     add_max_examples(p, "lte", default=4000, help="rows of --lte-split used to fit the LTE head (default: 4000)")
     p.add_argument("--lte-epochs", type=int, default=30)
-    p.set_defaults(func=main)
     return p
 
 

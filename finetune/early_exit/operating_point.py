@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.config import finite_float
 from common.errors import ConfigError
 from common.io import read_object
 
@@ -78,12 +79,9 @@ def split_spec(spec: str) -> tuple[Path, str]:
 
 def _number(text: str, what: str) -> float:
     try:
-        value = float(text)
+        return finite_float(text)
     except ValueError:
-        raise ConfigError(f"--operating-point: {what} must be a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise ConfigError(f"--operating-point: {what} must be finite, got {text!r}")
-    return value
+        raise ConfigError(f"--operating-point: {what} must be a finite number, got {text!r}") from None
 
 
 def _candidates(result: Mapping, where: str, strategy: str | None) -> list[dict]:

@@ -177,7 +177,7 @@ def _write(tmp_path, task, split, text):
     [
         ("RTE", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n1\ta\tb\n", r"train\.tsv:3: expected 4"),
         ("RTE", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tmaybe\n", r"train\.tsv:2: unknown label 'maybe'"),
-        ("STS-B", "sentence1\tsentence2\tscore\na\tb\tfive\n", r"train\.tsv:2: label 'five' is not a number"),
+        ("STS-B", "sentence1\tsentence2\tscore\na\tb\tfive\n", r"train\.tsv:2: label 'five' is not a finite number"),
         ("SST-2", "", r"train\.tsv: empty file"),
         ("SST-2", "sentence\tlabel\n", r"train\.tsv: header only"),
         ("SST-2", "sentence\tlabel\na\t1\n\nb\t0\n", r"train\.tsv:3: blank line"),

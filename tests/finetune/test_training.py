@@ -425,3 +425,25 @@ def test_train_options_come_from_the_config(monkeypatch, capsys):
         with pytest.raises(SystemExit):
             build_parser().parse_args(base + wrong)
     assert "invalid choice: '2sr'" in capsys.readouterr().err
+
+
+def test_loading_a_model_reads_its_config_json_once(monkeypatch, rte_run, minilm, glue_dir):
+    """Building a run's model and loading a fine-tuned one each read and check config.json once."""
+    import elasticbert.loading
+    import finetune.model
+    from finetune.model import load_finetuned
+
+    reads = []
+    original = elasticbert.loading.read_object
+
+    def counting(path, *args, **kwargs):
+        reads.append(str(path))
+        return original(path, *args, **kwargs)
+
+    monkeypatch.setattr(elasticbert.loading, "read_object", counting)
+    assert finetune.model.read_config is elasticbert.loading.read_config  # the one reader, patched underneath
+    load_finetuned(rte_run / "best")
+    assert [p for p in reads if p.endswith("config.json")] == [str(rte_run / "best" / "config.json")]
+    reads.clear()
+    build_model(config(minilm, glue_dir, task="RTE", exits=[1, 2]), get_task("RTE"))
+    assert [p for p in reads if p.endswith("config.json")] == [str(minilm / "config.json")]

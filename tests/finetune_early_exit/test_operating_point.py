@@ -70,7 +70,7 @@ def test_bad_rules_and_results_are_named(result, tmp_path):
         (f"{result}:entropy=0.2", DataError, "no entropy point at threshold 0.2 (the sweep's: 0.05, 0.1, 0.3)"),
         (f"{result}:fastest", ConfigError, "expected fastest-within=D, best, or STRATEGY=THRESHOLD"),
         (f"{result}:fastest-within=-1", ConfigError, "the margin must be >= 0"),
-        (f"{result}:fastest-within=x", ConfigError, "margin must be a number"),
+        (f"{result}:fastest-within=x", ConfigError, "margin must be a finite number"),
         (f"{result}:fastest-within=0", DataError, "no pcee point scores within 0 of the full model's 90.00"),
         (f"{tmp_path / 'missing.json'}:best", DataError, "missing.json: no such file"),
     ]:
