@@ -7,8 +7,7 @@ clear message instead of a hung or half-started job.
 One optimizer step t:
   active exits = group t mod G; lr = schedule(t) written into the param groups;
   for each of the `accum` micro-batches: dropout RNG <- f(seed, t, global micro index); forward; backward; step;
-  one all-reduce carries the step's statistics *and* the preemption vote (`StepStats`), so all ranks stop at the
-  same step.
+  one all-reduce carries the step's statistics *and* the preemption vote (`StepStats`): all ranks stop together;
   a non-finite loss or gradient norm stops every rank at that step, before anything is saved (guards.py).
 Everything a resumed run needs is (step, consumed_samples) + DeepSpeed's model/optimizer state: data order,
 masking (per-sample seed), dropout (per-micro-step seed), lr (function of step) and the exit group (step mod G)

@@ -113,3 +113,21 @@ def test_command_lines_are_parsed_only_in_main_and_cli_modules(package):
         if call in path.read_text(encoding="utf-8")
     ]
     assert not wrong, "argparse parsing outside a CLI module:\n" + "\n".join(wrong)
+
+
+def test_the_pretrain_trainer_reads_top_down_in_400_lines():
+    """Checkpointing (pretrain/checkpointer.py) and evaluation (pretrain/evaluation.py) are components the trainer
+    calls; a trainer that grows past this again is taking their work back."""
+    lines = (REPO / "pretrain" / "trainer.py").read_text(encoding="utf-8").count("\n")
+    assert lines <= 400, f"pretrain/trainer.py has {lines} lines"
+
+
+def test_a_concept_has_one_home():
+    """The run foundation lives in `common` only: no package defines its own run lock, run-directory errors, JSON
+    writer or config loader again."""
+    shared = ("class RunLock", "class RunDirError", "class RunWriteError", "def atomic_write_json", "def read_object")
+    shared += ("class ConfigLayers", "def read_yaml_mapping")
+    for package in set(ALLOWED) - {"common"}:
+        for path in (REPO / package).rglob("*.py"):
+            text = path.read_text(encoding="utf-8")
+            assert not [s for s in shared if s in text], f"{path.relative_to(REPO)} defines a concept of common/"
