@@ -37,8 +37,8 @@ class RunDirError(UserError):
 
 
 class RunWriteError(UserError):
-    """A trainer's results, checkpoint or log could not be written (disk full, I/O error); nothing half-written is
-    left, and what was committed before stays as it was (exit 4)."""
+    """A command's results, checkpoint, export or log could not be written (disk full, I/O error); nothing
+    half-written is left, and what was committed before stays as it was (exit 4)."""
 
     exit_code = EXIT_WRITE_FAILED
 

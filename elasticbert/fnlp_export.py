@@ -38,10 +38,10 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
-from common.errors import EXIT_WRITE_FAILED, UserError
+from common.errors import UserError
 from common.hub import TOKENIZER_FILES, resolve_pretrained
 from common.io import atomic_path
-from common.run_dir import describe_write_error
+from common.run_dir import RunWriteError, describe_write_error
 
 from .configuration import ElasticBertConfig
 from .layouts import (
@@ -69,12 +69,6 @@ OFFICIAL_CLASSES = {
 class LayoutError(UserError):
     """A model the official ElasticBERT layout cannot express, or an export that cannot start (names which and
     why)."""
-
-
-class ExportWriteError(UserError):
-    """The export could not be written (disk full, I/O error); nothing half-written is left (exit 4)."""
-
-    exit_code = EXIT_WRITE_FAILED
 
 
 @dataclass(frozen=True)
@@ -226,7 +220,7 @@ def export_fnlp(model_dir: str | Path, output: str | Path, *, overwrite: bool = 
             copy_tokenizer_files(Path(directory), tmp)
     except (OSError, SafetensorError, RuntimeError) as err:  # torch.save wraps a failed write in a RuntimeError
         reason = describe_write_error(err)
-        raise ExportWriteError(f"{output}: cannot write the export ({reason}); nothing was kept") from err
+        raise RunWriteError(f"{output}: cannot write the export ({reason}); nothing was kept") from err
     return layout
 
 
