@@ -1,5 +1,6 @@
 import pytest
 import torch
+from tiny_models import tiny_config
 from transformers import BertTokenizer
 
 from elasticbert import ElasticBertConfig, minilm_dir
@@ -24,19 +25,7 @@ def batch(minilm):
     return dict(enc)
 
 
-def _tiny_config(**overrides) -> ElasticBertConfig:
-    fields = dict(
-        vocab_size=100,
-        hidden_size=32,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    fields.update(overrides)
-    return ElasticBertConfig(**fields)
+_tiny_config = tiny_config
 
 
 def _random_batch(cfg: ElasticBertConfig, b: int = 3, t: int = 12, seed: int = 0):

@@ -9,10 +9,11 @@ import json
 
 import torch
 from safetensors.torch import load_file
+from tiny_models import tiny_config
 from transformers import BertTokenizer
 
 from common.cli import run_command
-from elasticbert import ElasticBertConfig, ElasticBertForSequenceClassification, load_pretrained
+from elasticbert import ElasticBertForSequenceClassification, load_pretrained
 from finetune import export_cli
 
 
@@ -32,16 +33,7 @@ def _run(argv, capsys):
 
 def _best(directory, **overrides):
     """A RUN/best: model + tokenizer, `save_pretrained` both."""
-    config = ElasticBertConfig(
-        vocab_size=100,
-        hidden_size=32,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        num_labels=2,
-        **overrides,
-    )
+    config = tiny_config(num_hidden_layers=3, num_labels=2, **overrides)
     torch.manual_seed(0)
     model = ElasticBertForSequenceClassification(config).eval()
     model.save_pretrained(directory)

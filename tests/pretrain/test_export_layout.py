@@ -8,8 +8,9 @@ import json
 
 import torch
 from safetensors.torch import load_file
+from tiny_models import tiny_config
 
-from elasticbert import ElasticBertConfig, ElasticBertForPreTraining, ElasticBertModel, load_pretrained
+from elasticbert import ElasticBertForPreTraining, ElasticBertModel, load_pretrained
 from pretrain.__main__ import main
 from pretrain.checkpoint import CLIENT_STATE, LATEST
 from pretrain.integrity import hash_files, list_files, write_checksums
@@ -19,15 +20,7 @@ STEP = 3
 
 def _checkpoint(ckpt_dir, **overrides):
     """RUN/checkpoints with one committed ZeRO-0 checkpoint of a tiny pre-training model; returns the model."""
-    config = ElasticBertConfig(
-        vocab_size=100,
-        hidden_size=32,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        **overrides,
-    )
+    config = tiny_config(num_hidden_layers=3, **overrides)
     torch.manual_seed(0)
     model = ElasticBertForPreTraining(config)
     tag = ckpt_dir / f"global_step{STEP}"
