@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .config import field_types, literal_choices, strip_optional
-from .errors import EXIT_INTERRUPTED, UserError
+from .errors import EXIT_INTERRUPTED, EXIT_OS_ERROR, UserError, describe_os_error
 
 
 def add_debug(parser: argparse.ArgumentParser) -> None:
@@ -37,8 +37,8 @@ def add_debug(parser: argparse.ArgumentParser) -> None:
 
 
 def run_command(prog: str, func: Callable[[], int | None], debug: bool = False) -> int:
-    """Run a command's body; map user errors and Ctrl-C to their exit codes with a message instead of a traceback
-    (`debug` re-raises, for a bug report)."""
+    """Run a command's body; map user errors, OS errors (read-only, disk full, permission: exit 74) and Ctrl-C to
+    their exit codes with one line instead of a traceback (`debug` re-raises, for a bug report)."""
     try:
         return int(func() or 0)
     except UserError as err:
@@ -46,6 +46,11 @@ def run_command(prog: str, func: Callable[[], int | None], debug: bool = False) 
             raise
         print(f"{prog}: error: {err}", file=sys.stderr, flush=True)
         return err.exit_code
+    except OSError as err:  # one the command did not turn into a UserError: still one line, with the path and errno
+        if debug:
+            raise
+        print(f"{prog}: error: {describe_os_error(err)}", file=sys.stderr, flush=True)
+        return EXIT_OS_ERROR
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED

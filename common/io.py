@@ -9,6 +9,7 @@ Everything is written under a temporary name in the destination's directory (sam
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -42,9 +43,32 @@ def temporary_sibling(path: str | os.PathLike) -> Path:
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
-    else:
+    elif path.exists() or path.is_symlink():  # nothing to remove: no call that a read-only filesystem refuses
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_siblings(path: Path) -> list[Path]:
+    """Remove the temporary siblings of `path` that processes of this machine left when they died (a killed export,
+    a killed save): their `.NAME.tmpPID` names a process that no longer exists. Live writers' are kept."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for sibling in path.parent.glob(f".{glob.escape(path.name)}.tmp*"):
+            pid = sibling.name.rsplit(".tmp", 1)[-1]
+            if pid.isdigit() and int(pid) != os.getpid() and not _process_alive(int(pid)):
+                _remove(sibling)
+                removed.append(sibling)
+    return removed
 
 
 @contextlib.contextmanager
@@ -56,6 +80,7 @@ def atomic_path(path: str | os.PathLike, replace: bool = True) -> Iterator[Path]
     """
     path = Path(path)
     tmp = temporary_sibling(path)
+    remove_stale_siblings(path)
     _remove(tmp)
     try:
         yield tmp
@@ -81,8 +106,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.write(data)
             f.flush()
     except OSError as err:
-        if not err.filename:
-            err.filename = str(path)
+        if not err.filename or str(err.filename) == str(temporary_sibling(path)):
+            err.filename = str(path)  # the file the user named, not our temporary beside it
         raise
 
 

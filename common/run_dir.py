@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .dist import DistEnv
-from .errors import EXIT_WRITE_FAILED, UserError
+from .errors import EXIT_WRITE_FAILED, UserError, describe_os_error
 
 LOCKS = "locks"
 _HELD_FDS: set[int] = set()  # lock descriptors of this process (closed in forked children)
@@ -45,6 +45,8 @@ class RunWriteError(UserError):
 
 def describe_write_error(err: BaseException) -> str:
     """An OSError (or the RuntimeError torch.save wraps one in) as one line, with a hint for a full disk."""
+    if isinstance(err, OSError):
+        return describe_os_error(err)
     text = f"{type(err).__name__}: {err}"
     full = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
     full = full or "No space left on device" in str(err) or "file write failed" in str(err)

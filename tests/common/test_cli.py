@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import sys
 
@@ -72,3 +74,65 @@ def test_dispatch_without_a_command_prints_the_help_and_returns_2(capsys):
     with pytest.raises(SystemExit) as err:  # a required command: argparse's own error, exit 2
         dispatch(_parser(required=True), [])
     assert err.value.code == 2
+
+
+def test_an_os_error_no_command_handled_is_one_line_with_path_and_errno(capsys, tmp_path):
+    """The shared entry turns an OSError that reached it (read-only output, full disk, a file where a folder is
+    expected) into one line naming the path and errno, exit 74 (EX_IOERR) — never a traceback."""
+    import errno
+    import os
+
+    from common.errors import EXIT_OS_ERROR
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+
+    def make_folder_below_a_file():
+        (blocker / "out").mkdir()
+
+    assert run_command("finetune", make_folder_below_a_file) == EXIT_OS_ERROR == 74
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"finetune: error: {blocker / 'out'}: Not a directory (ENOTDIR: a file stands where a folder" in err
+
+    def full_disk():
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "x.bin"))
+
+    assert run_command("pretrain", full_disk) == 74
+    assert "x.bin: No space left on device (ENOSPC: the disk is full)" in capsys.readouterr().err
+    with pytest.raises(OSError):
+        run_command("pretrain", full_disk, debug=True)
+
+
+def test_temporaries_of_dead_writers_are_removed_by_the_next_write(tmp_path):
+    """A killed export or save leaves `.NAME.tmpPID`; the next atomic write of NAME removes it when that process is
+    gone, and keeps a live writer's."""
+    import subprocess as sp
+
+    from common.io import atomic_write_text, temporary_sibling
+
+    target = tmp_path / "export"
+    dead = sp.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".export.tmp{int(dead.stdout)}"
+    (stale / "sub").mkdir(parents=True)
+    live = tmp_path / f".export.tmp{os.getppid()}"  # this test's parent: alive
+    live.mkdir()
+    other = tmp_path / ".other.tmp1"  # another path's temporary is not ours to judge
+    other.mkdir()
+    atomic_write_text(target, "done")
+    assert target.read_text() == "done"
+    assert not stale.exists() and live.exists() and other.exists()
+    assert not temporary_sibling(target).exists()
+
+
+def test_an_atomic_write_on_a_read_only_filesystem_names_the_file(tmp_path):
+    """The pre-clean of the temporary does not fail first (it used to on a read-only filesystem): the OSError that
+    comes out is the write's, EROFS, naming the file."""
+    from faults import small_tmpfs
+
+    from common.io import atomic_write_text
+
+    with small_tmpfs(tmp_path / "ro", read_only=True) as folder:
+        with pytest.raises(OSError) as err:
+            atomic_write_text(folder / "a.json", "{}")
+        assert err.value.errno == errno.EROFS and err.value.filename == str(folder / "a.json")

@@ -12,14 +12,16 @@ import pytest
 
 
 @contextlib.contextmanager
-def small_tmpfs(path: Path, size: str = "2m") -> Iterator[Path]:
+def small_tmpfs(path: Path, size: str = "2m", read_only: bool = False) -> Iterator[Path]:
     """Mount a tmpfs of `size` at `path` for the block (root only; the test is skipped with the reason otherwise), so
-    that writes fail with ENOSPC exactly as on a full disk."""
+    that writes fail with ENOSPC exactly as on a full disk — or, `read_only`, with EROFS as on a read-only mount
+    (which root cannot write through, unlike a chmod-555 folder)."""
     if os.geteuid() != 0:
-        pytest.skip("[needs-root] a disk-full test mounts a small tmpfs")
+        pytest.skip("[needs-root] a disk-full or read-only test mounts a tmpfs")
     path.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}" + (",ro" if read_only else "")
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True
     )
     if mounted.returncode != 0:
         pytest.skip(f"[needs-root] cannot mount a tmpfs here: {mounted.stderr.strip()}")
