@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from common.config import literal_problems
+from common.integrity import sha256_file
 
 from . import sources as S
 from .errors import DataPrepError
 from .sources import DecodeErrorPolicy, DocBoundary
-from .util import canonical_json, read_json, sha256_bytes, sha256_file
+from .util import canonical_json, read_json, sha256_bytes
 
 log = logging.getLogger("data_prep")
 

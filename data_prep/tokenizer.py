@@ -39,12 +39,13 @@ import numpy as np
 
 from common.config import choice_problem
 from common.hub import TOKENIZER_FILES, is_hub_id, resolve_pretrained
+from common.integrity import sha256_file
 from common.io import atomic_path, atomic_write_json
 
 from .errors import DataPrepError, with_path
 from .shard_format import token_dtype
 from .splitter import split_sentences
-from .util import CANONICAL, canonical_json, read_json, sha256_bytes, sha256_file
+from .util import CANONICAL, canonical_json, read_json, sha256_bytes
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 SPECIAL_KEYS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}

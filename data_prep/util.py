@@ -12,9 +12,6 @@ from common.io import read_object
 
 from .errors import DataPrepError
 
-HASH_BLOCK = 8 << 20
-
-
 # data_prep's JSON files are canonical: equal content gives equal bytes (and hashes), whatever wrote it
 CANONICAL = {"indent": 1, "sort_keys": True}
 
@@ -27,18 +24,6 @@ def canonical_json(obj: Any) -> str:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    """Stream the file through sha256 in 8 MiB blocks (never loads it whole)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            block = f.read(HASH_BLOCK)
-            if not block:
-                break
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_json(path: str | os.PathLike) -> Any:

@@ -19,10 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from common.integrity import sha256_file
+
 from .errors import DataPrepError
 from .shard_format import DTYPES, FORMAT, open_idx_arrays, read_idx_header
 from .tokenizer import check_tokenizer_dir, load_meta
-from .util import sha256_file
 
 BLOCK_TOKENS = 1 << 22
 

@@ -40,6 +40,7 @@ from transformers import PreTrainedModel
 
 from common.errors import UserError
 from common.hub import TOKENIZER_FILES, resolve_pretrained
+from common.integrity import seal
 from common.io import atomic_path
 from common.run_dir import RunWriteError, describe_write_error
 
@@ -218,6 +219,7 @@ def export_fnlp(model_dir: str | Path, output: str | Path, *, overwrite: bool = 
         with atomic_path(output) as tmp:
             layout = save_fnlp(model, tmp, str(directory))
             copy_tokenizer_files(Path(directory), tmp)
+            seal(tmp)
     except (OSError, SafetensorError, RuntimeError) as err:  # torch.save wraps a failed write in a RuntimeError
         reason = describe_write_error(err)
         raise RunWriteError(f"{output}: cannot write the export ({reason}); nothing was kept") from err

@@ -35,6 +35,7 @@ from transformers import PreTrainedModel
 
 from common.errors import UserError
 from common.hub import resolve_pretrained
+from common.integrity import IntegrityError, reseal, verify_directory
 from common.io import atomic_write_json, read_object
 
 from .configuration import ElasticBertConfig
@@ -111,6 +112,32 @@ def minilm_dir() -> Path:
 # ------------------------------------------------------------------------------------------------------ files
 
 
+_VERIFY_CHECKSUMS = {"enabled": True}
+
+
+def set_checksum_verification(enabled: bool) -> None:
+    """Whether loading a model checks its checksums.json (`--no-verify-checksums` turns it off for one command)."""
+    _VERIFY_CHECKSUMS["enabled"] = bool(enabled)
+
+
+def verify_model_directory(directory: Path) -> None:
+    """A directory this project wrote carries checksums.json (`common.integrity.seal`): refuse one whose files changed
+    after it was written (flipped bytes inside a tensor pass every format check). Directories without it (hub
+    downloads, other tools' exports) are loaded as they are."""
+    if not _VERIFY_CHECKSUMS["enabled"]:
+        return
+    try:
+        problems = verify_directory(Path(directory))
+    except IntegrityError as err:
+        problems = [str(err)]
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise CheckpointError(
+            f"{problems[0]}{more}; the model in {directory} is refused: re-train or re-export it, or pass "
+            "--no-verify-checksums to load it anyway"
+        )
+
+
 def read_config(directory: Path) -> dict:
     """`config.json` as a dict; one CheckpointError naming the file when it is missing, not UTF-8 or not a JSON
     object."""
@@ -150,6 +177,7 @@ def save_early_exit(
     if config.early_exit is not None:
         updated["early_exit"] = config.early_exit
     atomic_write_json(directory / "config.json", updated)
+    reseal(directory, ["config.json"])  # a sealed directory stays verifiable
     return config.early_exit
 
 
@@ -215,6 +243,7 @@ def load_pretrained(
     """
     _check_override_names(config_overrides)
     directory = resolve_pretrained(path, what="model")
+    verify_model_directory(directory)
     raw = raw_config if raw_config is not None else read_config(directory)
     model_type = raw.get("model_type")
     family = None

@@ -10,7 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from common.cli import add_debug, dispatch
+from common.cli import add_debug, add_switch, dispatch
+from elasticbert.loading import set_checksum_verification
 
 from . import diagnostics_cli, elue_cli, evaluate_cli, export_cli, predict_cli, submission_cli, train_cli
 from .early_exit import cli as early_exit_cli
@@ -33,11 +34,24 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:
         module.add_subparser(subparsers)
+    for command in subparsers.choices.values():  # every command that loads a model checks the files we wrote
+        if any("--model" in action.option_strings for action in command._actions):
+            add_switch(
+                command,
+                "--verify-checksums",
+                True,
+                "check a model directory's checksums.json before loading it (--no-verify-checksums: load one "
+                "that fails it)",
+            )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return dispatch(build_parser(), argv)
+    return dispatch(build_parser(), argv, prepare=_apply_global_options)
+
+
+def _apply_global_options(args: argparse.Namespace) -> None:
+    set_checksum_verification(getattr(args, "verify_checksums", True))
 
 
 if __name__ == "__main__":

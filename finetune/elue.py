@@ -103,6 +103,11 @@ class BaselineCurve:
                     "score per FLOPs value (pass one baseline file per model, or fix the duplicate)"
                 )
             by_flops[float(f)] = float(s)
+        if len(by_flops) < 2:
+            raise DataError(
+                f"{where}: one point at FLOPs {next(iter(by_flops)):g} is not a curve; a baseline needs the scores "
+                "of at least two exits (one point per exit layer, e.g. an early-exit result's static curve)"
+            )
         flops = np.array(sorted(by_flops))
         return cls(flops, np.array([by_flops[f] for f in flops]))
 
@@ -207,6 +212,8 @@ def _point(flops: object, score: object, where: str) -> tuple[float, float]:
 def _points_from_list(rows: object, where: str) -> Points:
     if not isinstance(rows, list):
         raise DataError(f"{where}: expected a list of points, got {type(rows).__name__}")
+    if not rows:
+        raise DataError(f"{where}: no points; a task lists its operating points as [{{'flops': F, 'score': S}}, ...]")
     out = []
     for i, row in enumerate(rows):
         at = f"{where}[{i}]"

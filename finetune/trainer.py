@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from common.dist import resolve_env
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
+from common.integrity import seal
 from common.io import atomic_path, atomic_write_json, read_object
 from common.run_dir import RunWriteError
 from elasticbert import ElasticBertForSequenceClassification, LoadReport
@@ -471,6 +472,7 @@ class Trainer:
             with atomic_path(self.run_dir / "best") as best_dir:
                 self.model.save_pretrained(best_dir)
                 self.tokenizer.save_pretrained(best_dir)
+                seal(best_dir)  # checked whenever the model is loaded (evaluate, predict, early exit)
             atomic_write_json(self.run_dir / "dev_scores.json", summary)
         except (OSError, SafetensorError) as err:  # the temporaries are gone: nothing that looks complete
             reason = getattr(err, "strerror", None) or err

@@ -2,7 +2,7 @@
 
 RUN/checkpoints/
   global_step{N}/            DeepSpeed's files (every rank) + client_state.json + export/ (HF config, tokenizer)
-                             + checksums.json (pretrain.integrity: size and sha256 of every other file)
+                             + checksums.json (common.integrity: size and sha256 of every other file)
   global_step{N}_universal/  made on demand when resuming at another world size (with its own checksums.json)
   latest                     the tag of the newest *committed* checkpoint
 
@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
+from common.integrity import CHECKSUMS, hash_files, list_files, verify_share, write_checksums
 from common.io import atomic_path, atomic_write_text, read_object
-
-from .integrity import CHECKSUMS, hash_files, list_files, verify_share, write_checksums
 
 CLIENT_STATE = "client_state.json"
 LATEST = "latest"

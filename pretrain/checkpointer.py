@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from common.integrity import hash_files, list_files, share_of, verify_share, write_checksums
 from common.io import atomic_path, atomic_write_text
 from common.run_dir import RunDirError, RunWriteError, describe_write_error
 
@@ -40,7 +41,7 @@ from .checkpoint import (
     read_latest,
     tag_for,
 )
-from .integrity import LOAD_ERRORS, hash_files, list_files, share_of, verify_share, write_checksums
+from .integrity import LOAD_ERRORS
 from .stats import Group
 
 

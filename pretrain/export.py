@@ -20,12 +20,13 @@ from pathlib import Path
 
 import torch
 
+from common.integrity import IntegrityError, seal
 from common.io import atomic_path
 from elasticbert import ElasticBertConfig, ElasticBertForPreTraining  # (importing elasticbert registers Auto*)
 from elasticbert.fnlp_export import plan_fnlp, save_fnlp
 
 from .checkpoint import CLIENT_STATE, ResumeError, read_client_state, resolve_tag, verify_checkpoint
-from .integrity import LOAD_ERRORS, IntegrityError, nonfinite_tensors
+from .integrity import LOAD_ERRORS, nonfinite_tensors
 
 
 def consolidated_state_dict(ckpt_dir: Path, tag: str) -> dict[str, torch.Tensor]:
@@ -110,4 +111,5 @@ def export(
         (tmp / "pretrain_info.json").write_text(
             json.dumps({"tag": tag, **{k: info.get(k) for k in ("step", "consumed_samples", "config_hash")}}, indent=2)
         )
+        seal(tmp)  # checked whenever the export is loaded
     return output

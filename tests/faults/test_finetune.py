@@ -22,7 +22,7 @@ import pytest
 from faults import flip_bytes, small_tmpfs, truncate
 from requirements import GLUE, require_data
 
-from elasticbert import ElasticBertForSequenceClassification, load_pretrained, minilm_dir
+from elasticbert import CheckpointError, ElasticBertForSequenceClassification, load_pretrained, minilm_dir
 from finetune.__main__ import main
 
 ROWS = {"train": 17, "dev": 13, "test": 9}  # header + rows of a small SST-2 copy
@@ -414,6 +414,51 @@ def test_bit_rot_in_fine_tuned_weights_is_named(tmp_path, capsys, glue, finished
     flip_bytes(best / "model.safetensors", offset=0, count=8)  # the header length: unreadable
     err = error_of(capsys, ["evaluate", "--model", str(best), "--data-dir", str(glue), "--output", str(tmp_path / "e")])
     assert "model.safetensors" in err
+
+
+def test_flipped_tensor_bytes_in_a_fine_tuned_model_are_refused_by_every_reader(tmp_path, capsys, glue, finished):
+    """Bytes flipped inside the tensor data of best/model.safetensors (its header intact, so it still parses) are
+    refused by name by evaluate, predict, early-exit, export and `EarlyExitClassifier`, from the checksums written
+    with best/; --no-verify-checksums loads it anyway. A setting saved into the directory keeps it verifiable."""
+    from elasticbert.loading import set_checksum_verification
+    from finetune.predict import EarlyExitClassifier
+
+    best = tmp_path / "best"
+    shutil.copytree(finished / "best", best)
+    assert (best / "checksums.json").is_file()
+    texts = tmp_path / "in.txt"
+    texts.write_text("a fine film\n", encoding="utf-8")
+    assert main(["save-early-exit", "--model", str(best), "--strategy", "entropy", "--threshold", "0.3"]) == 0
+    assert main(["predict", "--model", str(best), "--input", str(texts), "--no-progress"]) == 0  # still sound
+    flip_bytes(best / "model.safetensors")  # the middle of the file: tensor data
+    commands = [
+        ["evaluate", "--model", str(best), "--data-dir", str(glue), "--output", str(tmp_path / "e")],
+        ["predict", "--model", str(best), "--input", str(texts), "--no-progress"],
+        [
+            "early-exit",
+            "--model",
+            str(best),
+            "--task",
+            "SST-2",
+            "--data-dir",
+            str(glue),
+            "--output",
+            str(tmp_path / "x"),
+        ],
+        ["export", "--model", str(best), "--output", str(tmp_path / "fnlp")],
+    ]
+    for argv in commands:
+        err = error_of(capsys, argv)
+        assert f"{best / 'model.safetensors'}: contents differ from the sha256 in checksums.json" in err, argv
+        assert "--no-verify-checksums" in err
+    with pytest.raises(CheckpointError, match="contents differ"):
+        EarlyExitClassifier.from_pretrained(str(best))
+    capsys.readouterr()
+    try:
+        argv = ["predict", "--model", str(best), "--input", str(texts), "--no-progress", "--no-verify-checksums"]
+        assert main(argv) == 0
+    finally:
+        set_checksum_verification(True)  # the switch is per process: later tests load with it on
 
 
 def test_interrupt_is_exit_130_without_traceback(tmp_path, glue):

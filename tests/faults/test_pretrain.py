@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pretrain"))  # the
 
 from pretrain_testlib import REPO, TINY, Launch, base_env, prepare_gutenberg, read_metrics, train_args, wait_for_step  # noqa: E402
 
+from common.integrity import hash_files, list_files, verify_share, write_checksums  # noqa: E402
 from pretrain.__main__ import main  # noqa: E402
-from pretrain.integrity import hash_files, list_files, verify_share, write_checksums  # noqa: E402
 
 pytestmark = pytest.mark.slow
 COMMON = [

@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file
 from tiny_models import tiny_config
 
+from common.integrity import hash_files, list_files, write_checksums
 from elasticbert import ElasticBertForPreTraining, ElasticBertModel, load_pretrained
 from pretrain.__main__ import main
 from pretrain.checkpoint import CLIENT_STATE, LATEST
-from pretrain.integrity import hash_files, list_files, write_checksums
 
 STEP = 3
 

@@ -17,8 +17,8 @@ import torch
 from faults import flip_bytes, truncate
 from pretrain_testlib import REPO
 
+from common.integrity import CHECKSUMS, hash_files, list_files, share_of, verify_share, write_checksums
 from pretrain.checkpoint import CLIENT_STATE, LATEST, ResumeError, prune, verify_checkpoint
-from pretrain.integrity import CHECKSUMS, hash_files, list_files, share_of, verify_share, write_checksums
 
 
 def _checkpoint(ckpt_dir, step, commit=True, size=1000, killed=False):

@@ -87,7 +87,7 @@ def test_each_zero_stage_trains_the_right_groups_and_learns(zero_runs, stage):
     kept = sorted(p.name for p in (run / "checkpoints").glob("global_step*"))
     assert kept == ["global_step20", "global_step25", "global_step30"]  # keep_last=3
     # checksums.json written from both ranks' shares lists every file, DeepSpeed's per-rank files included
-    from pretrain.integrity import list_files, verify_share
+    from common.integrity import list_files, verify_share
 
     for tag in kept:
         recorded = json.loads((run / "checkpoints" / tag / "checksums.json").read_text())["files"]
