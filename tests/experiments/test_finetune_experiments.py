@@ -102,3 +102,22 @@ def test_early_exit_pareto_smoke(ladder, tmp_path):
             assert math.isfinite(results["elue"][strategy]["tasks"][task]["score"])
     assert (tmp_path / "out" / "pareto.png").stat().st_size > 1000
     assert "ELUE score" in (tmp_path / "out" / "section.md").read_text()
+
+
+def test_acl_lambda_grid_smoke(tmp_path):
+    """The λ grid's first arms at smoke size: each arm passes its λ and reduction to the trainer, the table pairs it
+    with the baseline per seed, and partial results are on disk after every run."""
+    run_script("acl_lambda.py", "--work-dir", tmp_path / "work", "--output", tmp_path / "out")
+    results = json.loads((tmp_path / "out" / "grid" / "results.json").read_text())
+    assert [r["rung"] for r in results["runs"]] == ["2ST-MHA", "CE+SCL_mean_lam0.005", "ACL_mean_lam0.005"]
+    for run in results["runs"][1:]:
+        assert run["status"] == "ok" and "--lambda 0.005" in run["command"]
+        assert "--contrastive-reduction mean" in run["command"]
+    assert "--objective acl-cl" in results["runs"][2]["command"] and "--acl-grad " in results["runs"][2]["command"]
+    rows = results["summary"]["rows"]
+    assert rows["2ST-MHA"]["paired_diffs_vs_2st_mha"] == []
+    base = results["runs"][0]["cross_layer_avg"]
+    for run in results["runs"][1:]:
+        assert rows[run["rung"]]["paired_diffs_vs_2st_mha"] == [pytest.approx(run["cross_layer_avg"] - base)]
+    assert (tmp_path / "out" / "grid" / "lambda_grid.png").stat().st_size > 0
+    assert "incomplete" in results["verdict"]  # two of 24 arms: no verdict is claimed
