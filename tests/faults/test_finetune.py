@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from faults import flip_bytes, small_tmpfs, truncate
 from requirements import GLUE, require_data
 
@@ -459,6 +460,43 @@ def test_flipped_tensor_bytes_in_a_fine_tuned_model_are_refused_by_every_reader(
         assert main(argv) == 0
     finally:
         set_checksum_verification(True)  # the switch is per process: later tests load with it on
+
+
+def test_early_exit_results_of_another_model_or_configuration_are_never_mixed(tmp_path, capsys, glue, finished):
+    """An early-exit run into a folder holding another model's results (other weights, even at the same path) or
+    another --max-examples' is refused: the JSON, its plot and samples/ stay as they were. The same model and
+    configuration merges its other strategies as before; --no-merge replaces only its own result."""
+    from common.integrity import seal
+
+    model = tmp_path / "model"
+    shutil.copytree(finished / "best", model)
+    out = tmp_path / "ee"
+    ee = ["early-exit", "--model", str(model), "--task", "SST-2", "--data-dir", str(glue), "--output", str(out)]
+    ee += ["--max-length", "32", "--max-examples", "8"]
+    capsys.readouterr()
+    assert main(ee + ["--strategy", "entropy", "--sweep", "0.3"]) == 0
+    result = out / "early_exit_SST-2_dev_bs32.json"
+    before = result.read_bytes()
+    assert main(ee + ["--strategy", "maxprob", "--sweep", "0.9"]) == 0  # same model and rows: merged
+    assert set(json.loads(result.read_text())["strategies"]) == {"entropy", "maxprob"}
+    merged = result.read_bytes()
+    samples = sorted(p.relative_to(out) for p in (out / "samples").rglob("*"))
+    assert samples  # per-point sample files of both strategies
+
+    other_rows = [*ee[:-2], "--max-examples", "12", "--strategy", "entropy", "--sweep", "0.3"]
+    err = error_of(capsys, other_rows)
+    assert f"{result} holds the early-exit results of another model or configuration" in err
+    assert "max_examples 8 vs 12" in err and result.read_bytes() == merged
+
+    retrained = ElasticBertForSequenceClassification.from_pretrained(model)
+    with torch.no_grad():
+        next(retrained.parameters()).add_(0.01)  # another model in the same directory
+    retrained.save_pretrained(model)
+    seal(model)
+    err = error_of(capsys, ee + ["--strategy", "entropy", "--sweep", "0.3"])
+    assert "weights_sha256" in err and result.read_bytes() == merged
+    assert sorted(p.relative_to(out) for p in (out / "samples").rglob("*")) == samples
+    assert before != merged
 
 
 def test_interrupt_is_exit_130_without_traceback(tmp_path, glue):
