@@ -45,9 +45,10 @@ def test_elue_score_hand_computed(policy):
 def test_out_of_range_error_and_single_point_curve():
     with pytest.raises(ValueError, match="outside the baseline's range"):
         elue_score(BASELINE, SYSTEM, "error")
-    flat = BaselineCurve.from_points([(5.0, 60.0)])
-    assert flat.value(1.0, "extrapolate") == (60.0, "below")
-    assert flat.value(9.0, "clamp") == (60.0, "above")
+    # one point is not a curve (issue 28: it used to score every system against a flat line); nor is one FLOPs value
+    for points in ([(5.0, 60.0)], [(5.0, 60.0), (5.0, 60.0)]):
+        with pytest.raises(DataError, match="one point at FLOPs 5 is not a curve; a baseline needs the scores of at"):
+            BaselineCurve.from_points(points)
     # duplicate FLOPs: the same score counts once; two different scores are refused, not averaged
     assert task_score([(1.0, 50.0), (1.0, 50.0), (3.0, 60.0)], [(2.0, 60.0)])["score"] == pytest.approx(5.0)
     with pytest.raises(DataError, match="two scores"):
@@ -159,3 +160,13 @@ def test_write_submission_files(tmp_path, exit_type):
             out = modules[name](torch.zeros((1, *shape), dtype=dtype))
             expected = (1, 1) if name.startswith("exit_") else (1, shape[0], 16)
             assert tuple(out.shape) == expected, name
+
+
+def test_a_points_file_with_no_points_is_refused(tmp_path):
+    """A task listed with an empty list of points used to score nothing and exit 0."""
+    from finetune.elue import read_curve_file
+
+    empty = tmp_path / "points.json"
+    empty.write_text(json.dumps({"name": "mine", "tasks": {"SST-2": []}}))
+    with pytest.raises(DataError, match=r"points\.json: tasks\.SST-2: no points; a task lists its operating points"):
+        read_curve_file(empty)
