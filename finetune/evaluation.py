@@ -18,7 +18,7 @@ from .config import load_run_config
 from .data import EncodedSplit, forward_in_order, load_tokenizer, subsample
 from .model import check_max_length, exit_logits, load_finetuned, model_device, resolve_device
 from .plots import plot_layer_curve
-from .tasks import DataError, Example, TaskSpec, get_task, load_split, predictions_from_outputs
+from .tasks import DataError, Example, MissingSplitError, TaskSpec, get_task, load_split, predictions_from_outputs
 
 
 @torch.inference_mode()
@@ -174,10 +174,11 @@ def _test_predictions(
     max_length: int,
 ) -> dict | str:
     """The test split's prediction files (the chosen exit, and every exit with `all_exits`), or why they were
-    skipped (no test file)."""
+    skipped: no test file. A test file that is there but unreadable (a missing text column, a bad row) is an error,
+    not a skip: a submission without its predictions must not look like a finished evaluation."""
     try:
         examples = load_split(spec, data_dir, "test")
-    except DataError as err:
+    except MissingSplitError as err:
         return f"skipped: {err}"
     logits, _ = predict_exits(model, tokenizer, examples, batch_size, max_length)
     files = [write_predictions(spec, examples, logits[exit_layer], directory / f"{stem}.tsv")]

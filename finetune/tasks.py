@@ -38,6 +38,10 @@ class DataError(UserError):
     """Bad or missing task data; the message names the file (and line) at fault."""
 
 
+class MissingSplitError(DataError):
+    """A task's folder has no file for a split (a test split is optional: evaluation skips it, and says so)."""
+
+
 @dataclass(frozen=True)
 class Example:
     """One row: `label` is a class index (classification), a float (regression) or None (unlabelled test rows).
@@ -315,7 +319,7 @@ def split_path(task: TaskSpec, data_dir: str | Path, split: str) -> Path:
     path = folder / task.split_files.get(split, f"{split}.tsv")
     if not path.is_file():
         present = sorted(p.name for p in folder.glob("*.tsv"))
-        raise DataError(
+        raise MissingSplitError(
             f"{path}: no {split!r} split for task {task.name} (files in {folder}: {', '.join(present) or 'none'})"
         )
     return path

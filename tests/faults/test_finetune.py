@@ -499,6 +499,22 @@ def test_early_exit_results_of_another_model_or_configuration_are_never_mixed(tm
     assert before != merged
 
 
+def test_a_test_file_evaluate_cannot_read_is_an_error_not_a_skip(tmp_path, capsys, glue, finished):
+    """A test split whose text column is missing used to be 'skipped' inside dev_scores.json with exit 0 and no
+    predictions; only a missing test file is skipped (and says so)."""
+    data = tmp_path / "glue"
+    shutil.copytree(glue, data)
+    (data / "SST-2" / "test.tsv").write_text("index\tcomment\n0\ta fine film\n", encoding="utf-8")
+    argv = ["evaluate", "--model", str(finished / "best"), "--data-dir", str(data), "--output", str(tmp_path / "e")]
+    err = error_of(capsys, argv)
+    assert "test.tsv" in err and "sentence" in err
+    assert not (tmp_path / "e" / "dev_scores.json").exists()
+    (data / "SST-2" / "test.tsv").unlink()
+    assert main(argv) == 0
+    skipped = json.loads((tmp_path / "e" / "dev_scores.json").read_text())["tasks"]["SST-2"]["test"]
+    assert skipped.startswith("skipped:") and "no 'test' split" in skipped
+
+
 def test_interrupt_is_exit_130_without_traceback(tmp_path, glue):
     """Ctrl-C (SIGINT) during training: exit 130, one line, no best/. The child starts with SIGINT at its default,
     as under a terminal: a suite launched in the background (`cmd &` without job control) inherits SIGINT ignored,
