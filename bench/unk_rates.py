@@ -1,4 +1,4 @@
-"""The measurement behind `data_prep.stats.DEFAULT_MAX_UNK_FRACTION`: the [UNK] rate of matching and wrong
+"""The measurement behind `common.vocab.DEFAULT_MAX_UNK_FRACTION`: the [UNK] rate of matching and wrong
 vocabularies on the real corpora (../shared/data/corpus, or $ELASTICBERT_CORPUS), documents read exactly as
 `tokenize` reads them. ~5 minutes on one core:
 

@@ -22,7 +22,7 @@ Other entry points: `train_tokenizer(texts, out/"tokenizer", kind=...)`, `adopt_
 
 Sanity: the manifest counts [UNK] tokens (`totals.unk_tokens`, `splits.<split>.unk_tokens`, beside
 `totals.tokens`); `tokenize_corpus` / `finalize_dir` refuse a corpus above `max_unk_fraction` (CLI
-`--max-unk-fraction`, default `data_prep.stats.DEFAULT_MAX_UNK_FRACTION` = 1 %, measured on the real corpora: see
+`--max-unk-fraction`, default `common.vocab.DEFAULT_MAX_UNK_FRACTION` = 1 %, measured on the real corpora: see
 there), `tokenize` after its first ~100k tokens; the threshold is in no hash. A vocab lacking special tokens gets
 them appended with a warning naming the file and the tokens.
 Errors a user can fix raise `data_prep.errors.DataPrepError` (a `common.errors.UserError`) naming the file (and

@@ -9,7 +9,7 @@ bad input, a damaged file, a failed write such as a full disk, a vocabulary that
 interrupted. Every numeric option is range-checked before anything is read or written.
 
 Sanity checks: `tokenize` and `finalize` refuse a corpus whose [UNK] rate is above `--max-unk-fraction` (default
-`data_prep.stats.DEFAULT_MAX_UNK_FRACTION`, measured: see there); `tokenize`, `finalize` and `stats` print the rate.
+`common.vocab.DEFAULT_MAX_UNK_FRACTION`, measured: see there); `tokenize`, `finalize` and `stats` print the rate.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ from typing import Any
 
 from common.cli import add_command, add_debug, add_output, add_switch, config_argument, dispatch
 from common.errors import UserError
+from common.vocab import describe_unk
 
 from .errors import DataPrepError, output_errors
 from .pipeline import RunOptions, finalize_dir, iter_corpus_texts, tokenize_corpus
 from .plan import PrepConfig
-from .stats import corpus_stats, describe_unk
+from .stats import corpus_stats
 from .tokenizer import TokenizerTraining, adopt_vocab, train_tokenizer
 from .verify import summary, verify_dir
 

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from common.io import atomic_path, atomic_write_json, fsync_dir
+from common.vocab import DEFAULT_MAX_UNK_FRACTION
 
 from . import sources as S
 from .errors import DataPrepError, output_errors
@@ -67,7 +68,7 @@ from .plan import (
     units_dir,
 )
 from .shard_format import FORMAT, concat_shards, read_idx_header
-from .stats import DEFAULT_MAX_UNK_FRACTION, UnkGuard, unk_fraction_problem
+from .stats import UnkGuard, unk_fraction_problem
 from .tokenizer import check_tokenizer_dir, load_meta, resolve_tokenizer, tokenizer_file
 from .util import CANONICAL, read_json_record
 from .workers import Progress, UnitContext, run_units, unit_size

@@ -35,6 +35,7 @@ from common.config import (
 )
 from common.errors import ConfigError
 from common.io import atomic_write_json, read_object
+from common.vocab import DEFAULT_MAX_UNK_FRACTION
 
 # Fixed choices: the allowed values live in the type (`--help`, validation and `common.config` read them from here).
 Method = Literal["jt", "2st", "alt"]
@@ -103,6 +104,9 @@ class DataConfig:
     # The dev subset does not follow `train.seed`: every seed and arm is scored on the same rows, the ones
     # `finetune early-exit --max-examples` picks too.
     dev_subset_seed: int = 0
+    # Refuse a tokenizer that turns more than this share of the training text into [UNK] (data_prep's guard and
+    # threshold, `common.vocab`); 1.0: never.
+    max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION
 
 
 @dataclass
@@ -425,7 +429,7 @@ RANGES: tuple[tuple[tuple[str, ...], Any, str], ...] = (
     (("data.max_train_examples", "data.max_dev_examples"), lambda v: v >= 1, ">= 1"),
     (("optim.weight_decay", "optim.grad_clip", "train.seed", "data.dev_subset_seed"), lambda v: v >= 0, ">= 0"),
     (("model.dropout",), lambda v: 0 <= v < 1, "within [0, 1)"),
-    (("objective.lam", "objective.kd_weight"), lambda v: 0 <= v <= 1, "within [0, 1]"),
+    (("objective.lam", "objective.kd_weight", "data.max_unk_fraction"), lambda v: 0 <= v <= 1, "within [0, 1]"),
     (("optim.warmup",), lambda v: 0 <= v < 1, "a fraction of the steps within [0, 1)"),
     (("objective.acl_grad_threshold",), lambda v: 0 < v <= 180, "an angle in degrees within (0, 180]"),
 )

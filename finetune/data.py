@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer, BertTokenizer, PreTrainedTokenizerBase
 
+from common.vocab import describe_unk, unk_fraction
+
 from .tasks import DataError, Example
 
 
@@ -98,6 +100,42 @@ def load_tokenizer(path: str | Path, type_vocab_size: int | None = None) -> PreT
     if type_vocab_size is not None and int(type_vocab_size) < 2:
         tokenizer.model_input_names = [n for n in tokenizer.model_input_names if n != "token_type_ids"]
     return tokenizer
+
+
+# `predict` judges a stream's [UNK] rate once this many tokens are in: one rare symbol in a short input is not a
+# vocabulary that does not fit; training judges the first UNK_SAMPLE examples of its training set.
+UNK_MIN_TOKENS = 2_000
+UNK_SAMPLE = 2_000
+
+
+def check_vocabulary_fits(tokenizer: PreTrainedTokenizerBase, vocab_size: int, source: object) -> None:
+    """A tokenizer whose ids reach past the model's embedding table is another model's: refused before any text."""
+    size = len(tokenizer)
+    if size > vocab_size:
+        raise DataError(
+            f"the tokenizer {source} has {size:,} entries but the model embeds {vocab_size:,} tokens: its ids mean "
+            "other words to this model (or none). Use the model's own tokenizer (drop --tokenizer) or one of its "
+            "vocabulary"
+        )
+
+
+def unk_counts(tokenizer: PreTrainedTokenizerBase, input_ids: torch.Tensor) -> tuple[int, int]:
+    """([UNK] tokens, text tokens) of encoded rows: special tokens and padding are not text."""
+    unk_id = tokenizer.unk_token_id
+    specials = torch.tensor(sorted(set(tokenizer.all_special_ids) - {unk_id}))  # [UNK] stands for text
+    text = ~torch.isin(input_ids, specials)
+    return (int((input_ids == unk_id).sum()) if unk_id is not None else 0), int(text.sum())
+
+
+def unk_refusal(unk: int, tokens: int, limit: float, what: str, source: object) -> DataError | None:
+    """The error for text that is more [UNK] than `limit` (data_prep's guard, `common.vocab`), else None."""
+    if unk_fraction(unk, tokens) <= limit:
+        return None
+    return DataError(
+        f"{describe_unk(unk, tokens)} in {what} with the tokenizer {source}, above --max-unk-fraction {limit:g}: the "
+        "vocabulary does not fit this text (another model's tokenizer, cased vs uncased, another language?). Use the "
+        "model's own tokenizer, or accept it with --max-unk-fraction 1"
+    )
 
 
 def uses_token_types(tokenizer: PreTrainedTokenizerBase) -> bool:

@@ -34,11 +34,12 @@ import torch
 
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
+from common.vocab import DEFAULT_MAX_UNK_FRACTION
 from elasticbert import EarlyExitSetting, ElasticBertForSequenceClassification
 from elasticbert.loading import read_config
 
 from .config import load_run_config
-from .data import EncodedSplit, load_tokenizer
+from .data import UNK_MIN_TOKENS, EncodedSplit, check_vocabulary_fits, load_tokenizer, unk_counts, unk_refusal
 from .early_exit.engine import EarlyExitResult, per_sample_flops, run_dataset
 from .early_exit.lte import LearnedExitHead
 from .early_exit.operating_point import OperatingPoint, choose_operating_point
@@ -66,10 +67,15 @@ class EarlyExitClassifier:
         max_length: int = 128,
         batch_size: int = 32,
         task: TaskSpec | None = None,
+        max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION,
     ) -> None:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        if not 0.0 <= max_unk_fraction <= 1.0:
+            raise ConfigError(f"--max-unk-fraction must be within [0, 1] (1 never refuses), got {max_unk_fraction}")
+        check_vocabulary_fits(tokenizer, model.config.vocab_size, getattr(tokenizer, "name_or_path", "of the model"))
         self.model, self.tokenizer = model.eval(), tokenizer
+        self.max_unk_fraction, self.unk_seen = max_unk_fraction, [0, 0]  # [UNK] and text tokens of all inputs
         self.rule = make_rule(strategy, threshold, model.config.num_labels, patience, delta, lte_head=lte_head)
         self.strategy, self.threshold, self.patience, self.delta = strategy, threshold, patience, delta
         self.lte_dim = lte_head.linear.in_features if strategy == "lte" and lte_head is not None else 0
@@ -91,6 +97,7 @@ class EarlyExitClassifier:
         max_length: int | None = None,
         batch_size: int = 32,
         device: str = "auto",
+        max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION,
     ) -> EarlyExitClassifier:
         """A fine-tuned model directory (RUN/best) or hub name, with the rule chosen as the module docstring says;
         `max_length` defaults to the operating point's, else the training run's (RUN/run_config.json), else 128."""
@@ -115,6 +122,7 @@ class EarlyExitClassifier:
             max_length=length,
             batch_size=batch_size,
             task=task,
+            max_unk_fraction=max_unk_fraction,
         )
         classifier.description = _describe(classifier.setting, point, strategy, threshold)
         return classifier
@@ -153,12 +161,23 @@ class EarlyExitClassifier:
                 continue
             examples = [Example(inputs[i].text_a, inputs[i].text_b, None, i) for i in positions]
             split = EncodedSplit.from_examples(self.tokenizer, examples, self.max_length)
+            self._check_unk(split)
             batches = split.batches(self.batch_size, device=self.device)
             result, _ = run_dataset(self.model, batches, self.rule, progress=progress)
             flops, _ = per_sample_flops(self.model.config, result, self.lte_dim)
             for row, i in enumerate(positions):
                 records[i] = self._record(result, row, float(flops[row]), inputs[i].id)
         return records
+
+    def _check_unk(self, split: EncodedSplit) -> None:
+        """Refuse inputs this model's vocabulary does not fit (data_prep's guard), once `UNK_MIN_TOKENS` are in."""
+        unk, tokens = unk_counts(self.tokenizer, split.input_ids)
+        self.unk_seen = [self.unk_seen[0] + unk, self.unk_seen[1] + tokens]
+        if self.unk_seen[1] >= UNK_MIN_TOKENS:
+            what = f"the {self.unk_seen[1]:,} text tokens of the inputs so far"
+            refusal = unk_refusal(*self.unk_seen, self.max_unk_fraction, what, "of the model")
+            if refusal is not None:
+                raise refusal
 
     def _record(self, result: EarlyExitResult, row: int, flops: float, ident: object) -> dict:
         logits = result.logits[row]

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from common.cli import add_command, add_output, config_argument
 from common.errors import ConfigError
 from common.io import atomic_path
+from common.vocab import DEFAULT_MAX_UNK_FRACTION
 from elasticbert import save_early_exit
 from elasticbert.flops import sample_flops
 
@@ -56,6 +57,7 @@ class PredictConfig:
     lte_head: str | None = None
     batch_size: int = 32
     max_length: int | None = None
+    max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION
     threads: int | None = None
     progress: bool = True
     overwrite: bool = False
@@ -94,6 +96,7 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     _rule_arguments(p)
     option("batch_size", help="inputs per batch (stdin: at most; batches close as lines stop arriving)")
     option("max_length", help="tokens per input (default: the operating point's, else the training run's, else 128)")
+    option("max_unk_fraction", help="refuse inputs the model's vocabulary turns into more [UNK] than this (1: never)")
     add_device(p)
     option("threads", help="torch intra-op threads")
     option("progress", help="progress bar for files (stderr)")
@@ -188,6 +191,7 @@ def main(args: argparse.Namespace) -> int:
         max_length=args.max_length,
         batch_size=args.batch_size,
         device=str(device),
+        max_unk_fraction=args.max_unk_fraction,
     )
     print(f"predict: {args.model} on {device}; rule: {classifier.description}", file=sys.stderr, flush=True)
     columns = classifier.task.text_columns if classifier.task is not None else None

@@ -87,6 +87,7 @@ OPTIONS: dict[str, tuple[tuple[str, str], ...]] = {
         ("data.max_length", "tokens per example"),
         ("data.max_train_examples", "a seeded random subset of N training examples"),
         ("data.max_dev_examples", "a seeded random subset of N dev examples"),
+        ("data.max_unk_fraction", "refuse a tokenizer that makes more of the training text [UNK] (1: never)"),
         ("data.dev_subset_seed", "seed of that subset (the same rows for every --seed, and for early-exit "
          "--max-examples)"),
     ),

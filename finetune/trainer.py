@@ -36,8 +36,17 @@ from common.run_dir import RunWriteError
 from elasticbert import ElasticBertForSequenceClassification, LoadReport
 
 from .acl_grad import AngleRecord, ExitTerms, gated_backward
-from .config import FinetuneConfig, save_run_config
-from .data import iterate_batches, load_tokenizer, subsample
+from .config import DataConfig, FinetuneConfig, save_run_config
+from .data import (
+    UNK_SAMPLE,
+    EncodedSplit,
+    check_vocabulary_fits,
+    iterate_batches,
+    load_tokenizer,
+    subsample,
+    unk_counts,
+    unk_refusal,
+)
 from .evaluation import per_exit_scores, predict_exits
 from .methods import Phase, build_phases, exit_weights
 from .model import (
@@ -535,6 +544,7 @@ def run_training(
     tokenizer = load_tokenizer(tokenizer_dir, type_vocab_size=model.config.type_vocab_size)
     train = subsample(load_split(task, cfg.data.dir, "train"), cfg.data.max_train_examples, cfg.train.seed)
     dev = subsample(load_split(task, cfg.data.dir, "dev"), cfg.data.max_dev_examples, cfg.data.dev_subset_seed)
+    check_tokenizer_fits(tokenizer, model.config.vocab_size, tokenizer_dir, train, cfg.data)
     record = RunRecord(dict(sources or {}), {"model_path": str(report.source), "tokenizer_path": str(tokenizer_dir)})
     set_seed(cfg.train.seed)
     trainer = Trainer(cfg, task, model, tokenizer, train, dev, run_dir, record)
@@ -545,6 +555,19 @@ def run_training(
             summary = trainer.fit()
     summary["load_report"] = str(report)
     return summary
+
+
+def check_tokenizer_fits(
+    tokenizer: object, vocab_size: int, source: Path, train: list[Example], data: DataConfig
+) -> None:
+    """A tokenizer of another vocabulary is refused before training (it used to train to the end on 72 % [UNK]):
+    its size against the model's embeddings, and the [UNK] share of the first training examples."""
+    check_vocabulary_fits(tokenizer, vocab_size, source)
+    sample = EncodedSplit.from_examples(tokenizer, train[:UNK_SAMPLE], data.max_length)
+    what = f"the first {len(sample):,} training examples"
+    refusal = unk_refusal(*unk_counts(tokenizer, sample.input_ids), data.max_unk_fraction, what, source)
+    if refusal is not None:
+        raise refusal
 
 
 def load_summary(report: LoadReport) -> str:

@@ -87,7 +87,7 @@ class DataConfig:
     blend_block: int = 1000  # blending is exact within every block of this many samples
     verify: bool = True  # full `data_prep verify` (re-hash) once per corpus version; a stamp records success
     # Refuse a corpus whose manifest records more [UNK] than this fraction of its tokens (a vocabulary that does not
-    # fit the text); None: data_prep's threshold (`data_prep.stats.DEFAULT_MAX_UNK_FRACTION`, 1 %); 1.0: never.
+    # fit the text); None: data_prep's threshold (`common.vocab.DEFAULT_MAX_UNK_FRACTION`, 1 %); 1.0: never.
     max_unk_fraction: float | None = None
 
 

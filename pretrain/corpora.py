@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from common.io import atomic_write_text
+from common.vocab import DEFAULT_MAX_UNK_FRACTION, describe_unk, unk_fraction
 from data_prep.errors import DataPrepError
 from data_prep.reader import PreparedCorpus
-from data_prep.stats import DEFAULT_MAX_UNK_FRACTION, describe_unk, unk_fraction
 from data_prep.verify import verify_dir
 
 from .config import ConfigError, CorpusConfig, RunConfig, resolve_path

@@ -7,9 +7,10 @@ import shutil
 import numpy as np
 import pytest
 
+from common.vocab import DEFAULT_MAX_UNK_FRACTION
 from data_prep import PreparedCorpus, finalize_dir, tokenize_corpus, verify_dir
 from data_prep.errors import DataPrepError
-from data_prep.stats import DEFAULT_MAX_UNK_FRACTION, UNK_CHECK_MIN_TOKENS, corpus_stats
+from data_prep.stats import UNK_CHECK_MIN_TOKENS, corpus_stats
 
 SMALL = dict(unit_bytes=48 << 10, shard_tokens=30_000, valid_fraction=0.05)  # = the small_prepared fixture
 PARROT = "\U0001f99c"  # not in bert-base-uncased: one [UNK] per parrot written as its own word

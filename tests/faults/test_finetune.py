@@ -515,6 +515,53 @@ def test_a_test_file_evaluate_cannot_read_is_an_error_not_a_skip(tmp_path, capsy
     assert skipped.startswith("skipped:") and "no 'test' split" in skipped
 
 
+def _small_vocab_tokenizer(directory: Path, size: int = 2000) -> Path:
+    """MiniLM's vocabulary cut to its first `size` entries: every id valid for the model, most words [UNK]."""
+    from transformers import BertTokenizer
+
+    directory.mkdir(parents=True)
+    words = (minilm_dir() / "vocab.txt").read_text(encoding="utf-8").splitlines()[:size]
+    (directory / "vocab.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
+    BertTokenizer(str(directory / "vocab.txt")).save_pretrained(directory)
+    return directory
+
+
+def test_a_tokenizer_that_does_not_fit_the_model_is_refused(tmp_path, capsys, glue, finished):
+    """`train --tokenizer` with a 2,000-entry vocabulary for a 30,522-entry model used to train to the end on 72 %
+    [UNK]; `predict` with such a tokenizer in the model's directory too. Both now refuse as data_prep does, naming
+    the rate and the way out (--max-unk-fraction 1); a tokenizer larger than the embeddings is refused outright."""
+    from common.integrity import seal
+
+    small = _small_vocab_tokenizer(tmp_path / "small")
+    err = error_of(capsys, train_argv(glue, tmp_path / "r1", "--tokenizer", str(small)))
+    assert "% [UNK]" in err and "in the first" in err and "training examples" in err
+    assert "--max-unk-fraction 1" in err and not (tmp_path / "r1" / "best").exists()
+    capsys.readouterr()
+    assert main(train_argv(glue, tmp_path / "r2", "--tokenizer", str(small), "--max-unk-fraction", "1")) == 0
+
+    big = tmp_path / "big"
+    big.mkdir()
+    words = (minilm_dir() / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    (big / "vocab.txt").write_text("\n".join(words + [f"extra{i}" for i in range(100)]) + "\n", encoding="utf-8")
+    err = error_of(capsys, train_argv(glue, tmp_path / "r3", "--tokenizer", str(big)))
+    assert "has 30,622 entries but the model embeds 30,522 tokens" in err
+
+    model = tmp_path / "model"
+    shutil.copytree(finished / "best", model)
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (model / name).unlink(missing_ok=True)
+    for item in small.iterdir():
+        shutil.copy2(item, model / item.name)
+    seal(model)
+    texts = tmp_path / "reviews.txt"
+    rows = (GLUE / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:200]
+    texts.write_text("\n".join(r.split("\t")[0] for r in rows) + "\n", encoding="utf-8")
+    err = error_of(capsys, ["predict", "--model", str(model), "--input", str(texts), "--no-progress"])
+    assert "% [UNK]" in err and "of the inputs so far" in err
+    argv = ["predict", "--model", str(model), "--input", str(texts), "--no-progress", "--max-unk-fraction", "1"]
+    assert main(argv) == 0
+
+
 def test_interrupt_is_exit_130_without_traceback(tmp_path, glue):
     """Ctrl-C (SIGINT) during training: exit 130, one line, no best/. The child starts with SIGINT at its default,
     as under a terminal: a suite launched in the background (`cmd &` without job control) inherits SIGINT ignored,
