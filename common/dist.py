@@ -9,9 +9,12 @@ A single process with no launcher gets rank 0 of 1 on a free local port.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
+import signal
 import socket
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -24,6 +27,9 @@ class DistEnv:
     master_addr: str
     master_port: int
     launcher: str
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
@@ -89,3 +95,18 @@ def resolve_env(environ: Mapping[str, str] | None = None, export: bool | None = 
             }
         )
     return DistEnv(rank, world, local, addr, port, launcher)
+
+
+def stop_with_launcher(env: DistEnv, sig: int = signal.SIGTERM) -> bool:
+    """Have the kernel send `sig` to this worker when its launcher (torchrun, the DeepSpeed launcher: its parent)
+    dies, so a killed launcher does not leave its workers training unsupervised (Linux `PR_SET_PDEATHSIG`; srun's
+    tasks are Slurm's to stop). True when armed. With the trainer's preemption handler installed, the signal means
+    "save at the next step boundary and exit"."""
+    if env.launcher not in ("torchrun", "deepspeed") or not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        return False
+    if os.getppid() == 1:  # the launcher died before the request: act as the kernel would have
+        os.kill(os.getpid(), sig)
+    return True

@@ -9,9 +9,8 @@ One optimizer step t:
   for each of the `accum` micro-batches: dropout RNG <- f(seed, t, global micro index); forward; backward; step;
   one all-reduce carries the step's statistics *and* the preemption vote (`StepStats`): all ranks stop together;
   a non-finite loss or gradient norm stops every rank at that step, before anything is saved (guards.py).
-Everything a resumed run needs is (step, consumed_samples) + DeepSpeed's model/optimizer state: data order,
-masking (per-sample seed), dropout (per-micro-step seed), lr (function of step) and the exit group (step mod G)
-are all recomputed, not restored. The checkpoint is verified (checksums, truncation) before it is loaded.
+Everything a resumed run needs is (step, consumed_samples) + DeepSpeed's model/optimizer state: data order, masking
+(per-sample seed), dropout (per-micro-step seed), lr and exit group (functions of step) are recomputed, not restored.
 
 The components the loop calls live beside it: checkpointer.py (resume, save, load: the commit protocol),
 evaluation.py (validation), corpora.py (data), model_setup.py (model), schedule.py (lr, seeds, when to save /
@@ -33,7 +32,7 @@ from typing import Any
 
 import torch
 
-from common.dist import DistEnv, resolve_env
+from common.dist import DistEnv, resolve_env, stop_with_launcher
 from common.errors import EXIT_PREEMPTED
 from common.run_dir import RunLock, prepare_run_dir, release_inherited_locks
 
@@ -214,7 +213,8 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------- the loop
     def run(self) -> int:
-        self.preempt.install()  # from here on a SIGTERM/SIGUSR1 means "save at the next step boundary"
+        self.preempt.install()  # from here on a SIGTERM/SIGUSR1 (or a dead launcher's) means "save at the next step"
+        stop_with_launcher(self.env)
         try:
             self._setup()
             self._announce()

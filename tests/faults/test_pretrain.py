@@ -335,3 +335,33 @@ def test_a_corpus_of_unk_tokens_is_refused_by_build_index_and_train(data, tmp_pa
     (corpus / "manifest.json").write_text(json.dumps(manifest))
     bundle = open_data(load_config(TINY, [*sets, "data.verify=false"]), tmp_path, need_valid=False)
     assert any("records no totals.unk_tokens" in n for n in bundle.notes)  # an old manifest: said, not silent
+
+
+def test_workers_stop_within_seconds_when_their_launcher_is_killed(data, tmp_path):
+    """kill -9 of the torchrun launcher alone used to leave its workers training to the end, unsupervised; now the
+    kernel sends each worker SIGTERM (PR_SET_PDEATHSIG), which the trainer takes as a preemption: every rank saves
+    at the next step boundary and exits."""
+    import signal
+    import time
+
+    import psutil
+    from pretrain_testlib import launch_torchrun
+
+    run = tmp_path / "run"
+    args = train_args(TINY, run, data, ["train.train_steps=400", "checkpoint.interval=1000"])
+    launch = launch_torchrun(args, 2, tmp_path / "log.txt")
+    try:
+        wait_for_step(run, 2, launch)
+        launcher = psutil.Process(launch.procs[0].pid)
+        workers = [p for p in launcher.children(recursive=True) if "pretrain" in " ".join(p.cmdline())]
+        assert len(workers) == 2, [p.cmdline() for p in workers]
+        launcher.send_signal(signal.SIGKILL)
+        start = time.time()
+        gone, alive = psutil.wait_procs(workers, timeout=60)
+        assert not alive, f"workers still running 60 s after their launcher died:\n{launch.output()}"
+        assert time.time() - start < 60
+    finally:
+        launch.kill()
+    stopped = read_metrics(run)[-1]["step"]
+    assert stopped < 400, "the workers trained to the end"
+    assert (run / "checkpoints" / "latest").read_text().strip() == f"global_step{stopped}"  # saved where it stopped
