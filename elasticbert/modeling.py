@@ -36,6 +36,7 @@ from .exit_setting import EarlyExitSetting
 from .gradient_equilibrium import equilibrium_weights, rescale_gradient
 from .layouts import official_head_renames
 from .masks import attention_mask_for_sdpa
+from .remote_code import AUTO_MAP, write_remote_code
 
 # ----------------------------------------------------------------------------------------------------------- encoder
 
@@ -213,6 +214,13 @@ class ElasticBertPreTrainedModel(PreTrainedModel):
 
     def gradient_checkpointing_disable(self) -> None:
         self._set_gradient_checkpointing(False)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: object, **kwargs: object) -> None:
+        """transformers' `save_pretrained`, plus what lets plain transformers load the directory with
+        `trust_remote_code=True` and no `import elasticbert` (`remote_code`)."""
+        self.config.auto_map = dict(AUTO_MAP)
+        super().save_pretrained(save_directory, *args, **kwargs)
+        write_remote_code(save_directory)
 
     @classmethod
     def from_pretrained(

@@ -65,3 +65,22 @@ def test_export_layout_fnlp_refuses_what_the_official_code_cannot_run(tmp_path, 
     assert code == 2 and "pretrain: error:" in err and "Traceback" not in err
     assert f"global_step{STEP} cannot be written in the official ElasticBERT layout" in err
     assert "position_ids_style='roberta'" in err and not out.exists()
+
+
+def test_an_export_is_sealed_and_a_killed_exports_temporary_is_removed(tmp_path, capsys):
+    """An export carries checksums.json (loading it verifies the files); the hidden temporary a killed export left
+    beside OUTPUT (`.NAME.tmpPID` of a process that is gone) is removed by the next export."""
+    import subprocess
+    import sys
+
+    from common.integrity import verify_directory
+
+    _checkpoint(tmp_path / "checkpoints")
+    out = tmp_path / "hf"
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout)
+    litter = tmp_path / f".hf.tmp{dead}"
+    (litter / "half").mkdir(parents=True)
+    (litter / "half" / "model.safetensors").write_bytes(b"\0" * 4096)
+    assert main(["export", "--checkpoint", str(tmp_path / "checkpoints"), "--output", str(out)]) == 0
+    assert not litter.exists() and (out / "checksums.json").is_file() and verify_directory(out) == []
+    assert (out / "modeling_elasticbert.py").is_file()  # and plain transformers can load it (remote code)
