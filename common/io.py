@@ -92,10 +92,20 @@ def atomic_path(path: str | os.PathLike, replace: bool = True) -> Iterator[Path]
                 raise FileExistsError(f"{path} exists")
             shutil.rmtree(path)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         _remove(tmp)
+        if isinstance(err, OSError):
+            _name_the_target(err, tmp, path)
         raise
     fsync_dir(path.parent)
+
+
+def _name_the_target(err: OSError, tmp: Path, path: Path) -> None:
+    """An error about our temporary (or a file inside it) names the path the user asked for instead."""
+    for attr in ("filename", "filename2"):
+        value = getattr(err, attr, None)
+        if isinstance(value, str | os.PathLike) and str(value).startswith(str(tmp)):
+            setattr(err, attr, str(path) + str(value)[len(str(tmp)) :])
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -106,8 +116,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.write(data)
             f.flush()
     except OSError as err:
-        if not err.filename or str(err.filename) == str(temporary_sibling(path)):
-            err.filename = str(path)  # the file the user named, not our temporary beside it
+        if not err.filename:
+            err.filename = str(path)  # a failed write() names no file by itself
         raise
 
 

@@ -562,6 +562,30 @@ def test_a_tokenizer_that_does_not_fit_the_model_is_refused(tmp_path, capsys, gl
     assert main(argv) == 0
 
 
+def test_os_errors_of_every_command_are_one_line_with_the_path_and_errno(tmp_path, capsys, glue, finished):
+    """A read-only output used to be a Python traceback in evaluate / predict / early-exit / elue-score / export; the
+    shared entry turns any OSError a command did not handle into one line naming the path and errno (exit 74), and
+    the commands that write results keep theirs (exit 4 or 2) — never a traceback, never exit 0."""
+    texts = tmp_path / "in.txt"
+    texts.write_text("a fine film\n", encoding="utf-8")
+    best = str(finished / "best")
+    with small_tmpfs(tmp_path / "ro", read_only=True) as ro:
+        commands = [
+            ["evaluate", "--model", best, "--data-dir", str(glue), "--output", str(ro / "e")],
+            ["predict", "--model", best, "--input", str(texts), "--output", str(ro / "p.jsonl"), "--no-progress"],
+            ["early-exit", "--model", best, "--task", "SST-2", "--data-dir", str(glue), "--output", str(ro / "x")],
+            ["export", "--model", best, "--output", str(ro / "fnlp")],
+        ]
+        for argv in commands:
+            capsys.readouterr()
+            code = main(argv)
+            err = capsys.readouterr().err
+            errors = [line for line in err.splitlines() if line.startswith("finetune: error:")]
+            assert code not in (0, 1) and len(errors) == 1 and "Traceback" not in err, (argv, code, err)
+            assert str(ro) in errors[0] and ".tmp" not in errors[0], (argv, err)  # the user's path, not ours
+            assert "Read-only file system" in errors[0] or "EROFS" in errors[0], (argv, err)
+
+
 def test_interrupt_is_exit_130_without_traceback(tmp_path, glue):
     """Ctrl-C (SIGINT) during training: exit 130, one line, no best/. The child starts with SIGINT at its default,
     as under a terminal: a suite launched in the background (`cmd &` without job control) inherits SIGINT ignored,
