@@ -112,7 +112,7 @@ def test_finetune_list_matches_default_array():
 
 def test_scripts_source_only_common_sh():
     for p in (REPO / "slurm").glob("*.sh"):
-        sources = re.findall(r"^\s*(?:source|\.)\s+(\S+)", p.read_text(), re.M)
+        sources = re.findall(r'^\s*(?:source|\.)\s+("[^"]*"|\S+)', p.read_text(), re.M)
         assert all(s.endswith('/slurm/common.sh"') for s in sources), (p.name, sources)
 
 
