@@ -154,8 +154,11 @@ class PCEERule(_CountingRule):
 
     def __init__(self, threshold: float, patience: int = 2) -> None:
         super().__init__(threshold)
-        if patience < 0:
-            raise ValueError(f"PCEE patience must be >= 0, got {patience}")
+        if patience < 1:
+            raise ValueError(
+                f"PCEE patience must be >= 1 (0 would exit every sample at the first exit whatever the threshold), "
+                f"got {patience}"
+            )
         self.patience = int(patience)
 
     def decide(self, position: int, representation: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:

@@ -77,9 +77,10 @@ class EarlyExitSetting:
             problems.append(f"threshold must be a number, got {self.threshold!r}")
         elif problem := threshold_problem(self.strategy, self.threshold):
             problems.append(problem)
-        if isinstance(self.patience, bool) or not isinstance(self.patience, int) or self.patience < 0:
+        if isinstance(self.patience, bool) or not isinstance(self.patience, int) or self.patience < 1:
             problems.append(
-                f"patience (PCEE's consecutive confident exits) must be a whole number >= 0, got {self.patience!r}"
+                "patience (PCEE's consecutive confident exits) must be a whole number >= 1 (0 would exit every "
+                f"sample at the first exit whatever the threshold), got {self.patience!r}"
             )
         if isinstance(self.delta, bool) or not isinstance(self.delta, int | float) or not 0 <= self.delta < math.inf:
             problems.append(f"delta (PABEE's regression tolerance) must be a number >= 0, got {self.delta!r}")

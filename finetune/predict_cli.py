@@ -130,7 +130,7 @@ def _rule_arguments(p: argparse.ArgumentParser, lte: bool = True) -> None:
 
 def option_problems(args: argparse.Namespace) -> list[str]:
     """The numeric options outside their ranges, checked before anything loads."""
-    lows = {"batch_size": 1, "max_length": 1, "threads": 1, "patience": 0, "delta": 0}
+    lows = {"batch_size": 1, "max_length": 1, "threads": 1, "patience": 1, "delta": 0}
     return [
         f"--{name.replace('_', '-')} must be >= {low}, got {value}"
         for name, low in lows.items()

@@ -54,8 +54,11 @@ class SweepConfig:
         problems = [p for s in self.strategies if (p := choice_problem("--strategy", s, STRATEGIES))]
         if self.batch_size < 1 or self.repeats < 1:
             problems.append(f"--batch-size and --repeats must be >= 1, got {self.batch_size} and {self.repeats}")
-        if self.patience < 0:
-            problems.append(f"--patience (PCEE's consecutive confident exits) must be >= 0, got {self.patience}")
+        if self.patience < 1:
+            problems.append(
+                "--patience (PCEE's consecutive confident exits) must be >= 1 (0 would exit every sample at the "
+                f"first exit whatever the threshold), got {self.patience}"
+            )
         if not (self.delta >= 0 and math.isfinite(self.delta)):
             problems.append(f"--delta must be >= 0, got {self.delta}")
         for name, thresholds in self.thresholds.items():

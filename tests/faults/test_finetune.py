@@ -675,6 +675,7 @@ def test_predict_options_are_checked_before_anything_runs(tmp_path, capsys, fini
         (["--strategy", "lte", "--threshold", "0.2"], "strategy 'lte' needs a trained LearnedExitHead"),
         (["--strategy", "lte", "--threshold", "0.2", "--lte-head", str(tmp_path / "h.st")], "no LTE head file"),
         (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+        (["--strategy", "pcee", "--threshold", "0.3", "--patience", "0"], "--patience must be >= 1, got 0"),
         (["--max-length", "4096"], "embeds 1..512 positions"),
         (["--input", str(tmp_path / "missing.txt")], "--input " + str(tmp_path / "missing.txt") + ": no such file"),
         (["--operating-point", str(tmp_path / "r.json")], "r.json: no such file"),
