@@ -120,11 +120,19 @@ def set_checksum_verification(enabled: bool) -> None:
     _VERIFY_CHECKSUMS["enabled"] = bool(enabled)
 
 
+_VERIFIED: set[tuple] = set()  # directories hashed by this process, with the size and mtime of each file then
+
+
 def verify_model_directory(directory: Path) -> None:
     """A directory this project wrote carries checksums.json (`common.integrity.seal`): refuse one whose files changed
     after it was written (flipped bytes inside a tensor pass every format check). Directories without it (hub
-    downloads, other tools' exports) are loaded as they are."""
-    if not _VERIFY_CHECKSUMS["enabled"]:
+    downloads, other tools' exports) are loaded as they are. Called by `read_config`, the first read of any model."""
+    seal = Path(directory) / "checksums.json"
+    if not _VERIFY_CHECKSUMS["enabled"] or not seal.is_file():
+        return
+    files = sorted(p for p in Path(directory).rglob("*") if p.is_file())
+    key = (str(Path(directory).resolve()), *((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files))
+    if key in _VERIFIED:
         return
     try:
         problems = verify_directory(Path(directory))
@@ -136,6 +144,7 @@ def verify_model_directory(directory: Path) -> None:
             f"{problems[0]}{more}; the model in {directory} is refused: re-train or re-export it, or pass "
             "--no-verify-checksums to load it anyway"
         )
+    _VERIFIED.add(key)
 
 
 def read_config(directory: Path) -> dict:
@@ -144,6 +153,7 @@ def read_config(directory: Path) -> dict:
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{directory}: not a model directory (no config.json)")
+    verify_model_directory(Path(directory))
     return read_object(path, CheckpointError, "a JSON object of config fields")
 
 
@@ -243,7 +253,6 @@ def load_pretrained(
     """
     _check_override_names(config_overrides)
     directory = resolve_pretrained(path, what="model")
-    verify_model_directory(directory)
     raw = raw_config if raw_config is not None else read_config(directory)
     model_type = raw.get("model_type")
     family = None

@@ -28,6 +28,7 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     add_output(p, "directory for dev_scores.json, layer_curve.png and predictions/")
     p.add_argument("--split", default="dev")
     add_switch(p, "--test", True, "write the test prediction files")
+    add_switch(p, "--overwrite", False, "replace the evaluation of another model or configuration in --output")
     p.add_argument("--predict-exit", type=int, help="exit whose predictions go into the submission (default: last)")
     add_switch(p, "--all-exits", False, "also write predictions of every exit")
     p.add_argument("--batch-size", type=int, default=64)
@@ -51,6 +52,7 @@ def main(args: argparse.Namespace) -> int:
         args.max_length,
         args.max_examples,
         args.device,
+        args.overwrite,
     )
     for name, entry in result["tasks"].items():
         curve = ", ".join(f"L{k}: {v[entry['main_metric']]:.2f}" for k, v in entry["exits"].items())

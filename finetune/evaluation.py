@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from .config import load_run_config
 from .data import EncodedSplit, forward_in_order, load_tokenizer, subsample
 from .model import check_max_length, exit_logits, load_finetuned, model_device, resolve_device
 from .plots import plot_layer_curve
+from .results import check_earlier_result, data_source, result_identity
 from .tasks import DataError, Example, MissingSplitError, TaskSpec, get_task, load_split, predictions_from_outputs
 
 
@@ -95,11 +97,13 @@ def evaluate_model(
     max_length: int | None = None,
     max_examples: int | None = None,
     device: str = "auto",
+    overwrite: bool = False,
 ) -> dict:
     """Score every exit on `split`, plot the curve, and write test predictions. Returns what dev_scores.json holds.
 
     `max_length` defaults to the training run's (RUN/run_config.json beside RUN/best), else 128. Exits that were
-    never trained are scored with a warning and listed under `untrained_exits`.
+    never trained are scored with a warning and listed under `untrained_exits`. An `output` holding the evaluation of
+    another model or configuration is refused unless `overwrite` (then its prediction files are replaced too).
     """
     if batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
@@ -122,9 +126,17 @@ def evaluate_model(
         raise DataError(f"--predict-exit {exit_layer}: the model's exits are {list(model.exit_layers)}")
     tokenizer = load_tokenizer(model_dir)
     out_dir = Path(output)
+    settings = dict(split=split, data_dir=data_source(data_dir), max_examples=max_examples, max_length=max_length)
+    settings["task"] = task.name
+    identity = result_identity(model_dir, **settings)
+    if overwrite:
+        shutil.rmtree(out_dir / "predictions", ignore_errors=True)
+    else:
+        check_earlier_result(out_dir / "dev_scores.json", identity, "evaluation", "--overwrite to replace it")
     out_dir.mkdir(parents=True, exist_ok=True)
     specs = companion_tasks(task)
     result: dict = {
+        "identity": identity,
         "model": str(model_dir),
         "exit_layers": list(model.exit_layers),
         "untrained_exits": model.untrained_exits,  # scored, but their heads are random (see the warning)

@@ -15,13 +15,13 @@ import torch
 from common.cli import add_command, add_max_examples, add_output, add_switch, config_argument
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
-from common.integrity import read_checksums, sha256_file
 from common.io import atomic_write_json
 from elasticbert import ElasticBertForSequenceClassification
 
 from ..data import EncodedSplit, add_data_dir, load_tokenizer, subsample
 from ..model import add_device, check_max_length, load_finetuned, resolve_device
 from ..plots import plot_pareto
+from ..results import check_earlier_result, data_source, result_identity
 from ..tasks import TaskSpec, get_task, load_split
 from .lte import LearnedExitHead, train_lte_head
 from .rules import STRATEGIES
@@ -113,46 +113,6 @@ def sweep_config(
     ).validate()
 
 
-def result_identity(args: argparse.Namespace, model_dir: Path, task_name: str) -> dict:
-    """What makes two early-exit results comparable: the same weights (their sha256, so a model retrained in the same
-    directory is another model) scored on the same rows the same way."""
-    names = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
-    weights = next(model_dir / n for n in names if (model_dir / n).is_file())  # the loader has found one
-    recorded = read_checksums(model_dir) or {}
-    digest = recorded.get(weights.name, {}).get("sha256") or sha256_file(weights)
-    return {
-        "model_dir": str(model_dir.resolve()),
-        "weights_sha256": digest,
-        "task": task_name,
-        "split": args.split,
-        "data_dir": None if args.data_dir is None else str(Path(args.data_dir).resolve()),
-        "max_examples": args.max_examples,
-        "max_length": args.max_length,
-    }
-
-
-def check_earlier_result(path: Path, identity: dict, merge: bool) -> None:
-    """A result of another model or configuration in OUTPUT is never merged with nor silently replaced (its JSON, its
-    plot and its samples/ would mix two models); `--no-merge` replaces this configuration's own earlier result."""
-    if not path.is_file():
-        return
-    try:
-        previous = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(
-            f"{path}: the earlier result to merge with is not valid JSON ({err}); remove it or pass --no-merge"
-        ) from None
-    earlier = previous.get("identity") if isinstance(previous, dict) else None
-    if earlier == identity:
-        return
-    differs = sorted(k for k in identity if not isinstance(earlier, dict) or earlier.get(k) != identity[k])
-    what = ", ".join(f"{k} {earlier.get(k)!r} vs {identity[k]!r}" for k in differs) if earlier else "no identity"
-    raise ConfigError(
-        f"{path} holds the early-exit results of another model or configuration ({what}); results of two models "
-        "are never mixed: pass another --output" + ("" if merge else " (--no-merge replaces only this model's own)")
-    )
-
-
 def write_results(results: dict, path: Path, merge: bool) -> dict:
     """Write the result JSON, first merging this configuration's earlier run's other strategies unless `merge` is
     off (`check_earlier_result` has refused any other's)."""
@@ -195,9 +155,11 @@ def main(args: argparse.Namespace) -> int:
     check_max_length(model, args.max_length, model_dir)
     tokenizer = load_tokenizer(model_dir)
     stem = f"early_exit_{task.name.replace('/', '_')}_{args.split}_bs{args.batch_size}"
-    identity = result_identity(args, model_dir, task.name)
-    check_earlier_result(output / f"{stem}.json", identity, args.merge)
-    if not args.merge:  # this configuration's earlier samples go with its earlier result
+    settings = dict(split=args.split, data_dir=data_source(args.data_dir), max_examples=args.max_examples)
+    identity = result_identity(model_dir, task=task.name, max_length=args.max_length, **settings)
+    if args.merge:
+        check_earlier_result(output / f"{stem}.json", identity, "early-exit results", "--no-merge to replace them")
+    else:  # replaced on purpose: the earlier samples go with the earlier result
         shutil.rmtree(output / "samples", ignore_errors=True)
     output.mkdir(parents=True, exist_ok=True)
     examples = subsample(load_split(task, args.data_dir, args.split), args.max_examples)

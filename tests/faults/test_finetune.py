@@ -215,7 +215,7 @@ def test_early_exit_options_out_of_range(tmp_path, capsys, glue, finished):
         (["--strategy", "entropy", "--sweep", "-0.1"], "entropy threshold -0.1: must be an entropy in nats, >= 0"),
         (["--strategy", "maxprob", "--sweep", "0.5,1.5"], "maxprob threshold 1.5: must be a probability within"),
         (["--strategy", "patience", "--sweep", "1.5"], "patience threshold 1.5: must be a whole number"),
-        (["--strategy", "pcee", "--patience", "-1"], "--patience (PCEE's consecutive confident exits) must be >= 0"),
+        (["--strategy", "pcee", "--patience", "-1"], "--patience (PCEE's consecutive confident exits) must be >= 1"),
         (["--strategy", "entropy", "--max-length", "0"], "--max-length must be >= 1"),
         (["--strategy", "entropy", "--max-length", "4096"], "embeds 1..512 positions"),
         (["--strategy", "entropy", "--batch-size", "0"], "--batch-size and --repeats must be >= 1"),
@@ -355,23 +355,29 @@ def test_corrupt_files_of_the_other_commands(tmp_path, capsys, glue, finished):
     assert "no such file" in error_of(
         capsys, ["submission", "--results", str(tmp_path / "missing.json"), "--output", str(tmp_path / "s")]
     )
-    # a model whose config.json is not JSON, or whose weights are truncated / bit-flipped
+    # a model whose config.json is not JSON, or whose weights are truncated / bit-flipped: the checksums of best/
+    # refuse each first (test_flipped_tensor_bytes_...); past them (--no-verify-checksums) each file is named too
+    unverified = "--no-verify-checksums"
     broken = tmp_path / "broken"
     shutil.copytree(run / "best", broken)
     (broken / "config.json").write_text("{not json")
-    assert "config.json" in error_of(capsys, train_argv(glue, tmp_path / "o1", model=broken))
+    assert "config.json: 9 bytes but checksums.json records" in error_of(
+        capsys, train_argv(glue, tmp_path / "o0", model=broken)
+    )
+    assert "config.json" in error_of(capsys, train_argv(glue, tmp_path / "o1", unverified, model=broken))
     shutil.copy(run / "best" / "config.json", broken / "config.json")
     truncate(broken / "model.safetensors", 0.5)
-    assert "model.safetensors" in error_of(capsys, train_argv(glue, tmp_path / "o2", model=broken))
+    assert "model.safetensors" in error_of(capsys, train_argv(glue, tmp_path / "o2", unverified, model=broken))
     # a tokenizer directory without tokenizer files; a broken tokenizer_config.json
     notok = tmp_path / "notok"
     shutil.copytree(run / "best", notok)
     for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (notok / name).unlink(missing_ok=True)
-    assert "no tokenizer files" in error_of(capsys, train_argv(glue, tmp_path / "o3", model=notok))
+    assert "no tokenizer files" in error_of(capsys, train_argv(glue, tmp_path / "o3", unverified, model=notok))
     shutil.copy(minilm_dir() / "vocab.txt", notok)
     (notok / "tokenizer_config.json").write_text("{")
-    assert "tokenizer_config.json: not valid JSON" in error_of(capsys, train_argv(glue, tmp_path / "o4", model=notok))
+    message = error_of(capsys, train_argv(glue, tmp_path / "o4", unverified, model=notok))
+    assert "tokenizer_config.json: not valid JSON" in message
     # an early-exit LTE head that is not a safetensors file; an earlier result that is not JSON
     ee = [
         "early-exit",
@@ -465,7 +471,7 @@ def test_flipped_tensor_bytes_in_a_fine_tuned_model_are_refused_by_every_reader(
 def test_early_exit_results_of_another_model_or_configuration_are_never_mixed(tmp_path, capsys, glue, finished):
     """An early-exit run into a folder holding another model's results (other weights, even at the same path) or
     another --max-examples' is refused: the JSON, its plot and samples/ stay as they were. The same model and
-    configuration merges its other strategies as before; --no-merge replaces only its own result."""
+    configuration merges its other strategies as before; --no-merge replaces the folder's result on purpose."""
     from common.integrity import seal
 
     model = tmp_path / "model"
@@ -584,6 +590,31 @@ def test_os_errors_of_every_command_are_one_line_with_the_path_and_errno(tmp_pat
             assert code not in (0, 1) and len(errors) == 1 and "Traceback" not in err, (argv, code, err)
             assert str(ro) in errors[0] and ".tmp" not in errors[0], (argv, err)  # the user's path, not ours
             assert "Read-only file system" in errors[0] or "EROFS" in errors[0], (argv, err)
+
+
+def test_an_evaluation_of_another_model_is_not_overwritten(tmp_path, capsys, glue, finished):
+    """`evaluate` into a folder holding another model's evaluation is refused (its dev_scores.json, curve and
+    prediction files would be replaced or mixed); re-evaluating the same model is fine; --overwrite replaces it."""
+    from common.integrity import seal
+
+    other = tmp_path / "other"
+    shutil.copytree(finished / "best", other)
+    retrained = ElasticBertForSequenceClassification.from_pretrained(other)
+    with torch.no_grad():
+        next(retrained.parameters()).add_(0.01)
+    retrained.save_pretrained(other)
+    seal(other)
+    out = tmp_path / "eval"
+    base = ["evaluate", "--data-dir", str(glue), "--output", str(out), "--max-examples", "8"]
+    capsys.readouterr()
+    assert main([*base, "--model", str(finished / "best")]) == 0
+    first = (out / "dev_scores.json").read_bytes()
+    assert main([*base, "--model", str(finished / "best")]) == 0  # the same model and rows: fine
+    err = error_of(capsys, [*base, "--model", str(other)])
+    assert f"{out / 'dev_scores.json'} holds the evaluation of another model" in err and "weights_sha256" in err
+    assert "--overwrite" in err and (out / "dev_scores.json").read_bytes() == first
+    assert main([*base, "--model", str(other), "--overwrite"]) == 0
+    assert json.loads((out / "dev_scores.json").read_text())["identity"]["model_dir"] == str(other.resolve())
 
 
 def test_interrupt_is_exit_130_without_traceback(tmp_path, glue):
@@ -732,11 +763,13 @@ def test_save_early_exit_command(tmp_path, capsys, finished):
     )
     assert main(base + ["--clear"]) == 0
     assert "early_exit" not in json.loads((model / "config.json").read_text())
-    # a setting broken by hand is named where the model loads
+    # a setting broken by hand is refused by the checksums, and named where the model loads past them
     raw = json.loads(before)
     raw["early_exit"] = {"strategy": "entropy", "threshold": "low"}
     (model / "config.json").write_text(json.dumps(raw))
     message = error_of(capsys, ["predict", "--model", str(model), "--input", str(texts)])
+    assert f"{model / 'config.json'}: " in message and "checksums.json" in message
+    message = error_of(capsys, ["predict", "--model", str(model), "--input", str(texts), "--no-verify-checksums"])
     assert f"{model / 'config.json'}: early_exit: threshold must be a number, got 'low'" in message
 
 
