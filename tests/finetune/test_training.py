@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from common.dist import free_port
 from elasticbert import ElasticBertForSequenceClassification, load_pretrained
 from finetune.__main__ import main
 from finetune.config import FinetuneConfig, from_shortcuts
@@ -306,7 +307,7 @@ def test_deepspeed_engine_runs_both_2st_stages(tmp_path, minilm, glue_dir, monke
         ("LOCAL_RANK", "0"),
         ("WORLD_SIZE", "1"),
         ("MASTER_ADDR", "127.0.0.1"),
-        ("MASTER_PORT", "29541"),
+        ("MASTER_PORT", str(free_port())),  # a fixed port collides with any other job on the machine
     ):
         monkeypatch.setenv(key, value)
     ds_config = tmp_path / "ds.json"
