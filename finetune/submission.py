@@ -204,6 +204,7 @@ class TestRun:
         result, _ = run_dataset(self.model, self.batches, rule)
         flops, _ = per_sample_flops(self.model.config, result, head.linear.in_features if name == "lte" else 0)
         meta = {
+            "identity": {"early_exit": self.results.get("identity") or self.results["model"], "split": self.split_name},
             "model": self.results["model"],
             "task": self.task.name,
             "split": self.split_name,
@@ -236,11 +237,19 @@ def write_submissions_for_results(
     split_name: str = "test",
     strategies: Sequence[str] | None = None,
     device: str = "auto",
+    overwrite: bool = False,
 ) -> list[Path]:
     """Re-run every operating point of an early-exit result on the test split and write its submission files to
-    `directory/<strategy>_<threshold>/`. The model, data and settings come from the result JSON unless given."""
+    `directory/<strategy>_<threshold>/`. The model, data and settings come from the result JSON unless given.
+
+    A folder collects one system's submission: each task's files may come from another result, but one task's
+    files from two results (two models of that task) are never mixed — refused, or with `overwrite` the task's earlier
+    files are removed from every point directory first."""
     if not is_early_exit_result(results):
         raise DataError("not an early-exit result (its 'format' is not elasticbert-early-exit/...)")
+    identity = {"early_exit": results.get("identity") or results.get("model"), "split": split_name}
+    spec = get_task(results.get("task", ""))
+    _claim_task(Path(directory), spec.submission_name or spec.name, identity, overwrite)
     unknown = sorted(set(strategies or ()) - set(results["strategies"]))
     if unknown:
         raise ConfigError(f"--strategy {','.join(unknown)}: the result has only {', '.join(results['strategies'])}")
@@ -255,6 +264,33 @@ def write_submissions_for_results(
             run.write_point(name, point, entry.get("params", {}), head, out)
             written.append(out)
     return written
+
+
+def _claim_task(directory: Path, task: str, identity: dict, overwrite: bool) -> None:
+    """Refuse (or, with `overwrite`, clear) the files of task `task` (its submission name: the files' stem and its
+    key in each point directory's submission.json) that another result wrote in `directory`."""
+    others = []
+    for meta_path in sorted(directory.glob("*/submission.json")):
+        try:
+            entry = json.loads(meta_path.read_text(encoding="utf-8")).get(task)
+        except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            raise DataError(f"{meta_path}: not a submission.json written by `finetune submission`") from None
+        if entry is not None and entry.get("identity") != identity:
+            others.append(meta_path)
+    if not others:
+        return
+    if not overwrite:
+        raise ConfigError(
+            f"{others[0].parent} (and {len(others) - 1} more) holds {task}'s submission files of another early-exit "
+            "result (another model or configuration); one task's files from two results are never mixed: pass "
+            "another --output, or --overwrite to replace them"
+        )
+    for meta_path in others:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta.pop(task)
+        for suffix in (".tsv", "_modules.tsv", "_exit_layer.tsv"):
+            (meta_path.parent / f"{task}{suffix}").unlink(missing_ok=True)
+        atomic_write_json(meta_path, meta, indent=1)
 
 
 def _lte_head_of(results: Mapping) -> LearnedExitHead:

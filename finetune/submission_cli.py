@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from common.cli import add_command, add_output
+from common.cli import add_command, add_output, add_switch
 
 from . import submission
 from .early_exit.operating_point import load_result
@@ -23,6 +23,7 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     add_output(p, "directory that receives one <strategy>_<threshold>/ directory per operating point", metavar="DIR")
     p.add_argument("--strategy", default=None, help="comma list of the result's strategies (default: all of them)")
     p.add_argument("--split", default="test", help="split to predict (default: %(default)s)")
+    add_switch(p, "--overwrite", False, "replace a task's files that another early-exit result wrote in --output")
     add_device(p)
     return p
 
@@ -33,7 +34,7 @@ def main(args: argparse.Namespace) -> int:
     results = load_result(path)
     chosen = [s.strip() for s in args.strategy.split(",") if s.strip()] if args.strategy else None
     written = write_submissions_for_results(
-        results, args.output, split_name=args.split, strategies=chosen, device=args.device
+        results, args.output, split_name=args.split, strategies=chosen, device=args.device, overwrite=args.overwrite
     )
     print(f"{path}: wrote {len(written)} submission directories under {args.output}")
     return 0

@@ -88,6 +88,26 @@ def test_early_exit_then_elue_score_and_submission(saved_model, small_glue, smal
     assert meta["strategy"] == "patience" and meta["test_exit_histogram"]["6"] == rows["test"] - 1
     assert meta["split"] == "test" and meta["num_samples"] == rows["test"] - 1
 
+    # a task's files from another early-exit result (another model) are never mixed into the same folder
+    other_json = tmp_path / "other.json"
+    other = json.loads((tmp_path / "run" / "early_exit_SST-2_dev_bs8.json").read_text())
+    other["identity"] = {**other["identity"], "weights_sha256": "0" * 64}
+    other_json.write_text(json.dumps(other))
+    before = (sub_dir / "patience_5" / "SST-2.tsv").read_bytes()
+    args = _parser().parse_args(["submission", "--results", str(other_json), "--output", str(sub_dir)])
+    with pytest.raises(ConfigError, match="holds SST-2's submission files of another early-exit result"):
+        args.func(args)
+    assert (sub_dir / "patience_5" / "SST-2.tsv").read_bytes() == before
+    args = _parser().parse_args(
+        ["submission", "--results", run_json, "--output", str(sub_dir), "--strategy", "patience"]
+    )
+    assert args.func(args) == 0  # the same result again: rewritten, fine
+    replace = ["submission", "--results", str(other_json), "--output", str(sub_dir), "--strategy", "entropy"]
+    args = _parser().parse_args([*replace, "--overwrite"])
+    assert args.func(args) == 0
+    assert not (sub_dir / "patience_5" / "SST-2.tsv").exists()  # the other result's SST-2 files are gone
+    assert json.loads((sub_dir / "patience_5" / "submission.json").read_text()) == {}
+
     # the LTE points of the merged result keep their head: all strategies write their files
     every = tmp_path / "every"
     args = _parser().parse_args(["submission", "--results", run_json, "--output", str(every)])
