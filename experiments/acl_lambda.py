@@ -5,11 +5,13 @@ The paper says ACL is *not* sensitive to λ while CE+SCL is (λ ∈ {0.005, 0.01
 while CE is a mean, so at batch 32 λ = 0.02 weighs like 0.64 of a mean. This grid runs both objectives at the six
 λ values with each reduction, against plain 2ST with MHA exits, at the ladder's budget (2,000 × 1 epoch per 2ST
 stage, MiniLM, MHA exits, the same dev rows, seeds 1-3); `--phase budget` then runs 2ST-MHA vs the full ACL recipe
-at 3 epochs per stage at one setting.
+at 3 epochs per stage at one setting, and `--phase exit-lr` runs both at the ladder's budget with the exit heads (and
+ACL's label embeddings) at the backbone's learning rate instead of our 1e-3 (`--exit-lr same`).
 
     python experiments/acl_lambda.py                         # the grid, resumable run by run (~130 CPU-s each)
     python experiments/acl_lambda.py --reductions mean --lambdas 0.005 0.02 0.1    # a part of the grid
     python experiments/acl_lambda.py --phase budget --lam 0.02 --reduction mean
+    python experiments/acl_lambda.py --phase exit-lr --lam 0.02 --reduction mean
     python experiments/acl_lambda.py --scale smoke           # seconds; what CI runs
 
 Runs: --work-dir/<arm>/seed<k> (a run whose dev_scores.json exists is not trained again). Results (results.json,
@@ -44,10 +46,13 @@ class Arm:
     lam: float | None
     reduction: str | None
     epochs: float
+    exit_lr: str | None = None  # None: the scale's exit-head learning rate; "same": the backbone's
 
     @property
     def name(self) -> str:
-        budget = "" if self.epochs == 1 else f"_ep{self.epochs:g}"
+        budget = ("" if self.epochs == 1 else f"_ep{self.epochs:g}") + (
+            f"_exitlr-{self.exit_lr}" if self.exit_lr else ""
+        )
         if self.lam is None:
             return f"2ST-MHA{budget}"
         return f"{self.objective}_{self.reduction}_lam{self.lam:g}{budget}"
@@ -58,6 +63,8 @@ class Arm:
 
     def scale(self, base: Scale) -> Scale:
         changes: dict = {"epochs": {TASK: self.epochs}}
+        if self.exit_lr is not None:
+            changes.update(exit_lr=self.exit_lr)
         if self.lam is not None:
             changes.update(lam=self.lam, contrastive_reduction=self.reduction)
         return dataclasses.replace(base, **changes)
@@ -72,8 +79,13 @@ def grid_arms(reductions: tuple[str, ...] = REDUCTIONS, lambdas: tuple[float, ..
     return arms
 
 
-def budget_arms(lam: float, reduction: str, epochs: float) -> list[Arm]:
-    return [Arm("2ST-MHA", None, None, epochs), Arm("ACL", lam, reduction, epochs)]
+def budget_arms(lam: float, reduction: str, epochs: float, exit_lr: str | None = None) -> list[Arm]:
+    return [Arm("2ST-MHA", None, None, epochs, exit_lr), Arm("ACL", lam, reduction, epochs, exit_lr)]
+
+
+def exit_lr_arms(lam: float, reduction: str) -> list[Arm]:
+    """Both exit learning rates at the ladder's budget, so the effect on ACL is read against the effect on 2ST-MHA."""
+    return budget_arms(lam, reduction, 1) + budget_arms(lam, reduction, 1, "same")
 
 
 def summarise(arms: list[Arm], runs: list[dict], seeds: tuple[int, ...]) -> dict:
@@ -85,7 +97,7 @@ def summarise(arms: list[Arm], runs: list[dict], seeds: tuple[int, ...]) -> dict
         mine = [ok[(arm.name, s)] for s in seeds if (arm.name, s) in ok]
         if not mine:
             continue
-        baseline = Arm("2ST-MHA", None, None, arm.epochs).name
+        baseline = Arm("2ST-MHA", None, None, arm.epochs, arm.exit_lr).name
         diffs = [
             ok[(arm.name, s)]["cross_layer_avg"] - ok[(baseline, s)]["cross_layer_avg"]
             for s in seeds
@@ -106,10 +118,14 @@ def summarise(arms: list[Arm], runs: list[dict], seeds: tuple[int, ...]) -> dict
             means = {
                 row["lam"]: row["cross_layer_avg"][0]
                 for row in rows.values()
-                if row["objective"] == objective and row["reduction"] == reduction and row["epochs"] == 1
+                if row["objective"] == objective
+                and row["reduction"] == reduction
+                and row["epochs"] == 1
+                and row["exit_lr"] is None
             }
             if len(means) >= 2:
                 spread[f"{objective}/{reduction}"] = {
+                    "means": {f"{lam:g}": means[lam] for lam in sorted(means)},
                     "lambdas": sorted(means),
                     "range": max(means.values()) - min(means.values()),
                     "best_lam": max(means, key=means.get),
@@ -125,13 +141,21 @@ def verdict(summary: dict) -> str:
             summary["spread_over_lambda"].get(f"ACL/{reduction}"),
             summary["spread_over_lambda"].get(f"CE+SCL/{reduction}"),
         )
-        if not acl or not scl or len(acl["lambdas"]) < len(LAMBDAS) or len(scl["lambdas"]) < len(LAMBDAS):
-            lines.append(f"{reduction}: incomplete (the grid has not finished for both objectives)")
+        if not acl or not scl:
+            lines.append(f"{reduction}: not run (fewer than two λ for an objective)")
             continue
-        held = acl["range"] < scl["range"]
+        common = [lam for lam in acl["means"] if lam in scl["means"]]
+        if len(common) < 2:
+            lines.append(f"{reduction}: not run (fewer than two λ shared by both objectives)")
+            continue
+        acl_range, scl_range = (
+            max(m[lam] for lam in common) - min(m[lam] for lam in common) for m in (acl["means"], scl["means"])
+        )
+        over = "the six λ" if len(common) == len(LAMBDAS) else "λ ∈ {" + ", ".join(common) + "} only"
+        held = acl_range < scl_range
         lines.append(
-            f"{reduction}: spread of the cross-layer average over the six λ: ACL {acl['range']:.1f} points, CE+SCL "
-            f"{scl['range']:.1f} — the claim {'holds' if held else 'does not hold'} at this budget"
+            f"{reduction}: spread of the cross-layer average over {over}: ACL {acl_range:.1f} points, CE+SCL "
+            f"{scl_range:.1f} — the claim {'holds' if held else 'does not hold'} at this budget"
         )
     return "\n".join(lines)
 
@@ -174,7 +198,7 @@ def plot(path: Path, summary: dict) -> None:
                 (r for r in summary["rows"].values() if r["objective"] == objective and r["reduction"] == reduction),
                 key=lambda r: r["lam"],
             )
-            rows = [r for r in rows if r["epochs"] == 1]
+            rows = [r for r in rows if r["epochs"] == 1 and r["exit_lr"] is None]
             if rows:
                 ax.errorbar(
                     [r["lam"] for r in rows],
@@ -198,11 +222,11 @@ def plot(path: Path, summary: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", choices=sorted(SCALES), default="report")
-    parser.add_argument("--phase", choices=("grid", "budget"), default="grid")
+    parser.add_argument("--phase", choices=("grid", "budget", "exit-lr"), default="grid")
     parser.add_argument("--reductions", nargs="+", choices=REDUCTIONS, default=list(REDUCTIONS))
     parser.add_argument("--lambdas", type=float, nargs="+", default=list(LAMBDAS), help="--phase grid: λ to train")
-    parser.add_argument("--lam", type=float, default=0.02, help="--phase budget: the λ of the ACL arm")
-    parser.add_argument("--reduction", choices=REDUCTIONS, default="mean", help="--phase budget: its reduction")
+    parser.add_argument("--lam", type=float, default=0.02, help="--phase budget/exit-lr: the λ of the ACL arm")
+    parser.add_argument("--reduction", choices=REDUCTIONS, default="mean", help="--phase budget/exit-lr: its reduction")
     parser.add_argument("--epochs", type=float, default=3, help="--phase budget: epochs per 2ST stage")
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
     parser.add_argument("--work-dir", type=Path, default=Path("/work/exp_runs/acl_lambda"))
@@ -219,13 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     seeds = tuple(args.seeds or base.seeds)
     if args.phase == "grid":
         known, todo = grid_arms(), grid_arms(tuple(args.reductions), tuple(args.lambdas))
-    else:
+    elif args.phase == "budget":
         known = todo = budget_arms(args.lam, args.reduction, args.epochs)
+    else:
+        known = todo = exit_lr_arms(args.lam, args.reduction)
     if args.scale == "smoke":
         known = todo = todo[:3]
     from elasticbert import minilm_dir
 
-    model, out = str(minilm_dir()), args.output / args.phase
+    model, out = str(minilm_dir()), args.output / args.phase.replace("-", "_")
     out.mkdir(parents=True, exist_ok=True)
     meta = {"experiment": f"acl_lambda/{args.phase}", "scale": args.scale, "task": TASK, "seeds": list(seeds)}
     records: dict[tuple[str, int], dict] = {}

@@ -120,4 +120,15 @@ def test_acl_lambda_grid_smoke(tmp_path):
     for run in results["runs"][1:]:
         assert rows[run["rung"]]["paired_diffs_vs_2st_mha"] == [pytest.approx(run["cross_layer_avg"] - base)]
     assert (tmp_path / "out" / "grid" / "lambda_grid.png").stat().st_size > 0
-    assert "incomplete" in results["verdict"]  # two of 24 arms: no verdict is claimed
+    assert results["verdict"].count("not run") == 2  # one λ per objective: no sensitivity verdict is claimed
+
+
+def test_acl_lambda_exit_lr_smoke(tmp_path):
+    """`--phase exit-lr`: the arms at `--exit-lr same` pass it to the trainer and are paired with the baseline at the
+    same exit learning rate, not with the default one."""
+    run_script("acl_lambda.py", "--phase", "exit-lr", "--work-dir", tmp_path / "work", "--output", tmp_path / "out")
+    results = json.loads((tmp_path / "out" / "exit_lr" / "results.json").read_text())
+    assert [r["rung"] for r in results["runs"]] == ["2ST-MHA", "ACL_mean_lam0.02", "2ST-MHA_exitlr-same"]
+    assert "--exit-lr same" in results["runs"][2]["command"] and "--exit-lr 0.001" in results["runs"][0]["command"]
+    rows = results["summary"]["rows"]
+    assert rows["2ST-MHA_exitlr-same"]["paired_diffs_vs_2st_mha"] == []  # a baseline itself
