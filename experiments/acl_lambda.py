@@ -27,7 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.acl_ladder import RUNGS, SCALES, Rung, Scale, run_one  # noqa: E402
+import json  # noqa: E402
+
+from experiments.acl_ladder import RUNGS, SCALES, Rung, Scale, run_one, train_args  # noqa: E402
 from experiments.common import GLUE_DIR, RESULTS_DIR, mean_std, write_json  # noqa: E402
 
 TASK = "SST-2"
@@ -86,6 +88,38 @@ def budget_arms(lam: float, reduction: str, epochs: float, exit_lr: str | None =
 def exit_lr_arms(lam: float, reduction: str) -> list[Arm]:
     """Both exit learning rates at the ladder's budget, so the effect on ACL is read against the effect on 2ST-MHA."""
     return budget_arms(lam, reduction, 1) + budget_arms(lam, reduction, 1, "same")
+
+
+def ladder_runs(model: str, base: Scale, seeds: tuple[int, ...], work_dir: Path, ladder: Path) -> dict:
+    """The ladder's SST-2 runs that *are* grid runs (CE+SCL and +ACL-CL at λ 0.02, sum): each is taken when its
+    recorded command equals the grid arm's command but for `--output` (training is deterministic per seed: the
+    grid's 2ST-MHA reproduces the ladder's to the last digit), so the grid does not train them again."""
+    if not ladder.is_file():
+        return {}
+    ladder_rung = {"CE+SCL": "CE+SCL", "ACL": "+ACL-CL"}
+    repo = RESULTS_DIR.parents[1]
+    shown = ladder.relative_to(repo) if ladder.is_relative_to(repo) else ladder
+    found = {}
+    for record in json.loads(ladder.read_text(encoding="utf-8"))["runs"]:
+        if record["task"] != TASK or record["status"] != "ok" or record["seed"] not in seeds:
+            continue
+        for objective, rung in ladder_rung.items():
+            arm = Arm(objective, 0.02, "sum", 1)
+            if record["rung"] != rung:
+                continue
+            run_dir = work_dir / TASK / arm.name / f"seed{record['seed']}"
+            wanted = train_args(model, TASK, arm.rung(), record["seed"], arm.scale(base), run_dir)
+            recorded = record["command"].split()[3:]  # after "python -m finetune"
+            output = wanted.index("--output") + 1
+            if len(recorded) == len(wanted) and recorded[:output] + recorded[output + 1 :] == (
+                wanted[:output] + wanted[output + 1 :]
+            ):
+                found[(arm.name, record["seed"])] = {
+                    **record,
+                    "rung": arm.name,
+                    "source": f"{shown} ({rung}: the same command)",
+                }
+    return found
 
 
 def summarise(arms: list[Arm], runs: list[dict], seeds: tuple[int, ...]) -> dict:
@@ -255,15 +289,20 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     meta = {"experiment": f"acl_lambda/{args.phase}", "scale": args.scale, "task": TASK, "seeds": list(seeds)}
     records: dict[tuple[str, int], dict] = {}
+    reused = ladder_runs(model, base, seeds, args.work_dir, RESULTS_DIR / "acl_ladder" / "results.json")
 
     def record(arm: Arm, seed: int) -> None:
-        """Train one run unless its dev_scores.json exists, then rewrite the tables (partial results on disk)."""
-        records[(arm.name, seed)] = run_one(model, TASK, arm.rung(), seed, arm.scale(base), args.work_dir)
+        """Train one run unless its dev_scores.json exists (or the ladder ran it), then rewrite the tables (partial
+        results on disk)."""
+        done = reused.get((arm.name, seed))
+        records[(arm.name, seed)] = done or run_one(model, TASK, arm.rung(), seed, arm.scale(base), args.work_dir)
         write_outputs(out, known, list(records.values()), seeds, meta)
 
     for arm in known:  # runs of earlier invocations (other reductions, other λ) stay in the table
         for seed in seeds:
-            if (args.work_dir / TASK / arm.name / f"seed{seed}" / "dev_scores.json").is_file():
+            if (arm.name, seed) in reused or (
+                args.work_dir / TASK / arm.name / f"seed{seed}" / "dev_scores.json"
+            ).is_file():
                 record(arm, seed)  # reads its dev_scores.json, trains nothing
     for arm in todo:
         for seed in seeds:

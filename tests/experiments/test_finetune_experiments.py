@@ -2,6 +2,7 @@
 GLUE rows: every rung/task/seed/exit has a finite score, conflict fractions are fractions, every strategy has Pareto
 points, and the PNGs and section drafts are written. ~2 CPU-minutes; the report scale is not run in CI."""
 
+import dataclasses
 import json
 import math
 import os
@@ -132,3 +133,31 @@ def test_acl_lambda_exit_lr_smoke(tmp_path):
     assert "--exit-lr same" in results["runs"][2]["command"] and "--exit-lr 0.001" in results["runs"][0]["command"]
     rows = results["summary"]["rows"]
     assert rows["2ST-MHA_exitlr-same"]["paired_diffs_vs_2st_mha"] == []  # a baseline itself
+
+
+def test_acl_lambda_reuses_only_identical_ladder_runs(tmp_path):
+    """A ladder run enters the grid only when its command is the grid arm's command but for --output: a run at
+    another λ, or another seed's command under this seed, is trained instead."""
+    sys.path.insert(0, str(REPO))
+    from experiments.acl_lambda import SCALES, TASK, Arm, ladder_runs, train_args
+
+    base, work = SCALES["report"], tmp_path / "work"
+    arm = Arm("ACL", 0.02, "sum", 1)
+
+    def ladder_record(seed, lam=0.02, command_seed=None):
+        scale = dataclasses.replace(arm.scale(base), lam=lam)
+        args = train_args("M", TASK, arm.rung(), command_seed or seed, scale, tmp_path / "elsewhere")
+        return {
+            "task": TASK,
+            "rung": "+ACL-CL",
+            "seed": seed,
+            "status": "ok",
+            "command": "python -m finetune " + " ".join(args),
+        }
+
+    ladder = tmp_path / "ladder.json"
+    records = [ladder_record(1), ladder_record(2, lam=0.1), ladder_record(3, command_seed=1)]
+    ladder.write_text(json.dumps({"runs": records}))
+    reused = ladder_runs("M", base, (1, 2, 3), work, ladder)
+    assert list(reused) == [(arm.name, 1)]
+    assert reused[(arm.name, 1)]["rung"] == arm.name and "ladder.json" in reused[(arm.name, 1)]["source"]
