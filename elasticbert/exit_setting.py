@@ -48,19 +48,23 @@ def threshold_problem(strategy: str, threshold: float, ranges: Mapping = THRESHO
     return f"{strategy} threshold {threshold:g}: must be {what}" if bad else None
 
 
-SETTING_KEYS = ("strategy", "threshold", "patience", "delta")
+SETTING_KEYS = ("strategy", "threshold", "patience", "delta", "precision")
+Precision = Literal["fp32", "int8"]  # elasticbert.precision: what a threshold was calibrated at
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 
 @dataclass(frozen=True)
 class EarlyExitSetting:
     """One operating point of an exit rule: what `config.early_exit` holds, e.g. `{"strategy": "entropy",
     "threshold": 0.3}`. `patience` is PCEE's count of consecutive confident exits, `delta` PABEE's regression
-    tolerance; each is written only for the rule that reads it."""
+    tolerance; each is written only for the rule that reads it. `precision` is the inference precision the
+    threshold was chosen at (`elasticbert.precision`), written when it is not fp32."""
 
     strategy: str
     threshold: float | None = None
     patience: int = 2
     delta: float = 0.1
+    precision: str = "fp32"
 
     def problems(self, num_labels: int | None = None) -> list[str]:
         """Everything wrong with the setting (for a model with `num_labels` outputs, when given)."""
@@ -84,6 +88,8 @@ class EarlyExitSetting:
             )
         if isinstance(self.delta, bool) or not isinstance(self.delta, int | float) or not 0 <= self.delta < math.inf:
             problems.append(f"delta (PABEE's regression tolerance) must be a number >= 0, got {self.delta!r}")
+        if problem := choice_problem("precision", self.precision, PRECISIONS):
+            problems.append(f"unknown {problem}")
         if num_labels == 1 and self.strategy in CLASSIFICATION_ONLY:
             problems.append(
                 f"strategy {self.strategy!r} needs class probabilities; for regression use 'patience' or 'static'"
@@ -106,6 +112,8 @@ class EarlyExitSetting:
             out["patience"] = int(self.patience)
         if self.strategy == "patience":
             out["delta"] = float(self.delta)
+        if self.precision != "fp32":
+            out["precision"] = self.precision
         return out
 
     @classmethod

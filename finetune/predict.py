@@ -37,6 +37,7 @@ from common.hub import resolve_pretrained
 from common.vocab import DEFAULT_MAX_UNK_FRACTION
 from elasticbert import EarlyExitSetting, ElasticBertForSequenceClassification
 from elasticbert.loading import read_config
+from elasticbert.precision import for_inference, precision_problem
 
 from .config import load_run_config
 from .data import UNK_MIN_TOKENS, EncodedSplit, check_vocabulary_fits, load_tokenizer, unk_counts, unk_refusal
@@ -68,13 +69,15 @@ class EarlyExitClassifier:
         batch_size: int = 32,
         task: TaskSpec | None = None,
         max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION,
+        precision: str = "fp32",
     ) -> None:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         if not 0.0 <= max_unk_fraction <= 1.0:
             raise ConfigError(f"--max-unk-fraction must be within [0, 1] (1 never refuses), got {max_unk_fraction}")
         check_vocabulary_fits(tokenizer, model.config.vocab_size, getattr(tokenizer, "name_or_path", "of the model"))
-        self.model, self.tokenizer = model.eval(), tokenizer
+        self.model, self.tokenizer = for_inference(model, precision), tokenizer
+        self.precision = precision
         self.max_unk_fraction, self.unk_seen = max_unk_fraction, [0, 0]  # [UNK] and text tokens of all inputs
         self.rule = make_rule(strategy, threshold, model.config.num_labels, patience, delta, lte_head=lte_head)
         self.strategy, self.threshold, self.patience, self.delta = strategy, threshold, patience, delta
@@ -98,13 +101,17 @@ class EarlyExitClassifier:
         batch_size: int = 32,
         device: str = "auto",
         max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION,
+        precision: str | None = None,
     ) -> EarlyExitClassifier:
         """A fine-tuned model directory (RUN/best) or hub name, with the rule chosen as the module docstring says;
-        `max_length` defaults to the operating point's, else the training run's (RUN/run_config.json), else 128."""
+        `max_length` defaults to the operating point's, else the training run's (RUN/run_config.json), else 128;
+        `precision` to the operating point's or saved setting's (what its threshold was chosen at), else fp32."""
         place = resolve_device(device)
         directory = resolve_pretrained(path, what="--model")
         point = _operating_point(operating_point, strategy, threshold)
         setting = _setting(directory, point, strategy, threshold, patience, delta)
+        calibrated = setting.pop("precision", None)  # None: a threshold given by hand
+        precision = _precision(precision, calibrated, setting["strategy"], place)
         recorded_head = setting.pop("lte_head", None)
         head = lte_head if lte_head is not None else recorded_head
         if setting["strategy"] == "lte" and head is None:
@@ -123,8 +130,9 @@ class EarlyExitClassifier:
             batch_size=batch_size,
             task=task,
             max_unk_fraction=max_unk_fraction,
+            precision=precision,
         )
-        classifier.description = _describe(classifier.setting, point, strategy, threshold)
+        classifier.description = _describe(classifier.setting, point, strategy, threshold) + f"; {precision}"
         return classifier
 
     @property
@@ -257,7 +265,7 @@ def _setting(
     setting, else the full model; `patience` / `delta` override."""
     if point is not None:
         base = {"strategy": point.strategy, "threshold": point.threshold, "patience": point.patience}
-        base.update(delta=point.delta, lte_head=point.lte_head)
+        base.update(delta=point.delta, lte_head=point.lte_head, precision=point.precision)
     elif strategy is not None:
         base = {"strategy": strategy, "threshold": threshold}
     elif threshold is not None:
@@ -277,6 +285,21 @@ def _setting(
     if base["threshold"] is not None and (problem := threshold_problem(base["strategy"], base["threshold"])):
         raise ConfigError(problem)
     return base
+
+
+def _precision(asked: str | None, calibrated: str | None, strategy: str, device: torch.device) -> str:
+    """The precision to run: the one asked for, else the one the threshold was chosen at, else fp32. A threshold
+    chosen at one precision and run at another is refused (its accuracy was measured on other logits)."""
+    precision = asked or calibrated or "fp32"
+    if problem := precision_problem(precision, device):
+        raise ConfigError(problem)
+    if asked is not None and calibrated is not None and asked != calibrated and strategy != "static":
+        raise ConfigError(
+            f"precision {asked}: this {strategy} threshold was chosen at {calibrated}; sweep at {asked} "
+            f"(early-exit --precision {asked}) for a threshold whose accuracy holds there, or pass --precision "
+            f"{calibrated}"
+        )
+    return precision
 
 
 def _load(directory: Path, full_model_only: bool) -> ElasticBertForSequenceClassification:

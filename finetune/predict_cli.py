@@ -32,6 +32,7 @@ from common.io import atomic_path
 from common.vocab import DEFAULT_MAX_UNK_FRACTION
 from elasticbert import save_early_exit
 from elasticbert.flops import sample_flops
+from elasticbert.precision import Precision
 
 from .early_exit.operating_point import choose_operating_point
 from .early_exit.rules import PREDICT_STRATEGIES
@@ -55,6 +56,7 @@ class PredictConfig:
     patience: int | None = None
     delta: float | None = None
     lte_head: str | None = None
+    precision: Precision | None = None
     batch_size: int = 32
     max_length: int | None = None
     max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION
@@ -124,6 +126,11 @@ def _rule_arguments(p: argparse.ArgumentParser, lte: bool = True) -> None:
     )
     option("patience", help="PCEE: consecutive confident exits needed (default: the point's, else 2)")
     option("delta", help="PABEE on regression: |Δ| below this counts as unchanged (default: the point's, else 0.1)")
+    option(
+        "precision",
+        help="inference precision (int8: dynamic quantization, CPU; default: the operating point's or saved "
+        "setting's, else fp32)",
+    )
     if lte:
         option("lte_head", help="LTE head file for --strategy lte (default: the operating point's)")
 
@@ -192,6 +199,7 @@ def main(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         device=str(device),
         max_unk_fraction=args.max_unk_fraction,
+        precision=args.precision,
     )
     print(f"predict: {args.model} on {device}; rule: {classifier.description}", file=sys.stderr, flush=True)
     columns = classifier.task.text_columns if classifier.task is not None else None
@@ -258,8 +266,15 @@ def save_main(args: argparse.Namespace) -> int:
         point = choose_operating_point(args.operating_point, args.strategy)
         print(f"operating point: {point.describe()}", file=sys.stderr)
         strategy, threshold, patience, delta = point.strategy, point.threshold, point.patience, point.delta
+        precision = point.precision
+        if args.precision is not None and args.precision != precision:
+            raise ConfigError(
+                f"--precision {args.precision}: the operating point's threshold was chosen at {precision}; sweep at "
+                f"{args.precision} (early-exit --precision {args.precision}) for a threshold that holds there"
+            )
     elif args.strategy:
         strategy, threshold, patience, delta = args.strategy, args.threshold, 2, 0.1
+        precision = args.precision or "fp32"
     else:
         raise ConfigError("pass --strategy (with --threshold), --operating-point RESULT.json[:RULE], or --clear")
     if strategy == "lte":
@@ -270,6 +285,6 @@ def save_main(args: argparse.Namespace) -> int:
         )
     patience = args.patience if args.patience is not None else patience
     delta = args.delta if args.delta is not None else delta
-    setting = save_early_exit(args.model, strategy, threshold, patience=patience, delta=delta)
+    setting = save_early_exit(args.model, strategy, threshold, patience=patience, delta=delta, precision=precision)
     print(f"{Path(args.model) / 'config.json'}: early_exit = {json.dumps(setting)}")
     return 0

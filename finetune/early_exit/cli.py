@@ -17,6 +17,7 @@ from common.errors import ConfigError
 from common.hub import resolve_pretrained
 from common.io import atomic_write_json
 from elasticbert import ElasticBertForSequenceClassification
+from elasticbert.precision import PRECISIONS, for_inference, precision_problem
 
 from ..data import EncodedSplit, add_data_dir, load_tokenizer, subsample
 from ..model import add_device, check_max_length, load_finetuned, resolve_device
@@ -49,6 +50,12 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     p.add_argument("--split", default="dev")
     config_argument(p, SweepConfig, "batch_size", help="batch size")
     p.add_argument("--max-length", type=int, default=128)
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="inference precision the sweep runs (and calibrates its thresholds) at; int8: dynamic quantization, CPU",
+    )
     add_max_examples(
         p,
         help="a seeded random subset of the split (the rows `finetune train --max-dev-examples` "
@@ -147,15 +154,21 @@ def main(args: argparse.Namespace) -> int:
     sweep_config(args, strategies, None, output)  # option errors surface before the model or any data is read
     device = resolve_device(args.device)
     model_dir = resolve_pretrained(args.model, what="--model")
+    if problem := precision_problem(args.precision, device):
+        raise ConfigError(problem)
     model = load_finetuned(model_dir, require_trained=True, purpose="early exit").to(device)
+    model = for_inference(model, args.precision)  # thresholds are then calibrated on this precision's logits
     if model.config.num_labels != task.num_labels:
         raise ConfigError(
             f"{args.model} has {model.config.num_labels} labels; task {task.name} needs {task.num_labels}"
         )
     check_max_length(model, args.max_length, model_dir)
     tokenizer = load_tokenizer(model_dir)
-    stem = f"early_exit_{task.name.replace('/', '_')}_{args.split}_bs{args.batch_size}"
+    precision = "" if args.precision == "fp32" else f"_{args.precision}"
+    stem = f"early_exit_{task.name.replace('/', '_')}_{args.split}_bs{args.batch_size}{precision}"
     settings = dict(split=args.split, data_dir=data_source(args.data_dir), max_examples=args.max_examples)
+    if args.precision != "fp32":  # (results of fp32 sweeps before precisions existed stay mergeable)
+        settings.update(precision=args.precision)
     identity = result_identity(model_dir, task=task.name, max_length=args.max_length, **settings)
     if args.merge:
         check_earlier_result(output / f"{stem}.json", identity, "early-exit results", "--no-merge to replace them")

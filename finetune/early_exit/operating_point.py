@@ -21,6 +21,7 @@ from pathlib import Path
 from common.config import finite_float
 from common.errors import ConfigError
 from common.io import read_object
+from elasticbert.precision import PRECISIONS
 
 from ..tasks import DataError
 from .rules import PREDICT_STRATEGIES
@@ -46,11 +47,12 @@ class OperatingPoint:
     model: str | None = None
     task: str | None = None
     source: str = ""
+    precision: str = "fp32"  # what the sweep ran at (elasticbert.precision); results before it recorded one: fp32
 
     def describe(self) -> str:
         """One line for the log: the point, where it came from, and what it costs and scores against the full model."""
         name = "static (the full model)" if self.strategy == "static" else f"{self.strategy} τ={self.threshold:g}"
-        parts = [f"{name} from {self.source}"]
+        parts = [f"{name} ({self.precision}) from {self.source}"]
         if self.score is not None and self.full_score is not None:
             parts.append(f"score {self.score:.2f} vs the full model's {self.full_score:.2f}")
         if self.mean_flops and self.full_flops:
@@ -181,4 +183,12 @@ def choose_operating_point(spec: str, strategy: str | None = None) -> OperatingP
         model=result.get("model"),
         task=result.get("task"),
         source=f"{path} ({rule})",
+        precision=_precision(result, str(path)),
     )
+
+
+def _precision(result: dict, path: str) -> str:
+    precision = result.get("precision", "fp32")
+    if precision not in PRECISIONS:
+        raise DataError(f"{path}: precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    return precision

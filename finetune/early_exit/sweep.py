@@ -20,6 +20,7 @@ from common.config import choice_problem
 from common.errors import ConfigError
 from common.io import atomic_write_text
 from elasticbert import ElasticBertForSequenceClassification
+from elasticbert.precision import model_precision
 
 from ..data import Batch, EncodedSplit
 from ..tasks import TaskSpec
@@ -245,6 +246,7 @@ def sweep(
         "exit_layers": list(model.exit_layers),
         "exit_type": model.config.exit_type,
         "threads": torch.get_num_threads(),
+        "precision": model_precision(model),
         "full_model": {
             "layer": model.exit_layers[-1],
             "score": reference.metrics.get("score"),
@@ -321,7 +323,12 @@ def merge_results(previous: dict, current: dict) -> dict:
     plot can show every strategy even when each was swept separately. (Kept points keep the wall speed-ups measured
     against their own run's reference; FLOPs speed-ups are exact either way.) A kept LTE strategy keeps its head."""
     keys = ("model", "task", "split", "batch_size", "num_samples")
-    if previous.get("format") != RESULT_FORMAT or any(previous.get(k) != current.get(k) for k in keys):
+    same_precision = previous.get("precision", "fp32") == current.get("precision", "fp32")
+    if (
+        previous.get("format") != RESULT_FORMAT
+        or not same_precision
+        or any(previous.get(k) != current.get(k) for k in keys)
+    ):
         return current
     merged = dict(current)
     merged["strategies"] = {**previous.get("strategies", {}), **current["strategies"]}
