@@ -105,13 +105,14 @@ def test_precision_travels_from_sweep_to_serving(saved_model, save_classifier, s
     result = out / "early_exit_SST-2_dev_bs8_int8.json"
     assert json.loads(result.read_text())["precision"] == "int8"
     # the operating point runs at the precision it was measured at; asking for another is refused
-    classifier = EarlyExitClassifier.from_pretrained(saved_model, operating_point=f"{result}:fastest-within=100")
+    tau = json.loads(result.read_text())["strategies"]["entropy"]["points"][2]["threshold"]
+    classifier = EarlyExitClassifier.from_pretrained(saved_model, operating_point=f"{result}:entropy={tau}")
     assert model_precision(classifier.model) == "int8" and "int8" in classifier.description
     with pytest.raises(ConfigError, match="chosen at int8"):
-        EarlyExitClassifier.from_pretrained(saved_model, operating_point=f"{result}:fastest-within=100", precision="fp32")
+        EarlyExitClassifier.from_pretrained(saved_model, operating_point=f"{result}:entropy={tau}", precision="fp32")
     # save-early-exit records it; the saved setting then runs at int8, as predict does
     deployed = save_classifier(load_finetuned(saved_model), tmp_path / "deployed", finetuning_task="SST-2")
-    assert main(["save-early-exit", "--model", str(deployed), "--operating-point", f"{result}:fastest-within=100"]) == 0
+    assert main(["save-early-exit", "--model", str(deployed), "--operating-point", f"{result}:entropy={tau}"]) == 0
     assert json.loads((deployed / "config.json").read_text())["early_exit"]["precision"] == "int8"
     saved = EarlyExitClassifier.from_pretrained(deployed)
     assert model_precision(saved.model) == "int8"
