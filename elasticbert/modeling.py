@@ -625,8 +625,9 @@ class MultiExitClassifierOutput(ModelOutput):
     this forward ran.
 
     In early-exit mode (`config.early_exit`, see `ElasticBertForSequenceClassification.forward`) each sample's
-    `logits` are those of the exit it left at, `sample_exit_layers` [B] says which (1-based layer), `exit_layers`
-    are the exits it could use, and the per-exit fields are None (samples leave at different exits)."""
+    `logits` are those of the exit it left at, `sample_exit_layers` [B] says which (1-based layer), and every other
+    field is None: samples leave at different exits, and a `pipeline` with `batch_size` > 1 splits each field of the
+    output into samples (a per-exit tuple would be split by exit; `model.exit_layers` lists the exits)."""
 
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
@@ -739,10 +740,8 @@ class ElasticBertForSequenceClassification(ElasticBertPreTrainedModel):
                 exit_layers,
                 position_ids,
             )
-            output = MultiExitClassifierOutput(
-                logits=result.logits.to(input_ids.device),
-                exit_layers=result.exits,
-                sample_exit_layers=result.exit_layers.to(input_ids.device),
+            output = MultiExitClassifierOutput(  # batch-shaped fields only: pipelines split outputs into samples
+                logits=result.logits.to(input_ids.device), sample_exit_layers=result.exit_layers.to(input_ids.device)
             )
             return self._tuple_unless_dict(output, return_dict)
         exits = tuple(exit_layers) if exit_layers is not None else self.exit_layers

@@ -1,0 +1,282 @@
+"""Serving on CPU: ours (early exit × int8) against what a user would deploy instead, side by side in one run.
+
+For a fine-tuned multi-exit model and a real dev set (texts in, labels out; tokenisation included everywhere), the
+inputs/s and accuracy of:
+
+- `pipeline` fp32      — `transformers.pipeline("text-classification")` on the model, full depth: the anchor a user has
+- ORT fp32 / ORT int8  — the full model exported to ONNX (opset 17) and run by ONNX Runtime (graph optimisation
+                          ORT_ENABLE_ALL; int8: `onnxruntime.quantization.quantize_dynamic`, QInt8 per-channel
+                          weights — the optimum route), batches padded to their longest row as a user would
+- ours full fp32 / int8 — `EarlyExitClassifier` with the static rule (the full model; int8: `elasticbert.precision`)
+- ours EE fp32 / EE int8 — entropy early exit at the fastest threshold within `--within` points (default 1.0) of the
+                          full fp32 model's dev accuracy, each chosen on logits of its own precision
+
+at batch 1 and 32 and 1 and 2 threads. Timing is interleaved: every round runs each configuration once over the whole
+dev set, and the best of `--rounds` is kept per configuration (the machine is shared; best-of-N is the least noisy).
+The thresholds are chosen on the same dev rows they are scored on (ELUE's protocol; optimistic by the choice itself,
+equally for fp32 and int8). onnxruntime is a bench-only extra (`pip install onnxruntime onnx`).
+
+    .venv/bin/python bench/serving.py --model SST-2=runs/sst2/best --model MRPC=runs/mrpc/best
+    .venv/bin/python bench/serving.py --model SST-2=runs/sst2/best --max-examples 64 --rounds 1   # a quick look
+
+Writes OUTPUT/results.json and OUTPUT/section.md (default docs/results/serving).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from elasticbert.precision import for_inference  # noqa: E402
+from experiments.common import GLUE_DIR, RESULTS_DIR, write_json  # noqa: E402
+from finetune.data import EncodedSplit, load_tokenizer, subsample  # noqa: E402
+from finetune.early_exit import make_rule, per_sample_flops, run_dataset, static_flops  # noqa: E402
+from finetune.model import load_finetuned  # noqa: E402
+from finetune.predict import EarlyExitClassifier, _trained_length  # noqa: E402
+from finetune.tasks import get_task, load_split  # noqa: E402
+
+CONFIGS = ("pipeline fp32", "ORT fp32", "ORT int8", "ours full fp32", "ours full int8", "ours EE fp32", "ours EE int8")
+ENTROPY_GRID = np.round(np.linspace(0.01, 0.66, 40), 4)  # fractions of ln 2 from 1.5 % to 95 %
+
+
+class FullModel(nn.Module):
+    """The model's full-depth path (embeddings, every layer, the last exit) as one traceable forward for ONNX."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model, self.last = model, model.exit_layers[-1]
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor):
+        hidden = self.model.elasticbert.embeddings(input_ids, token_type_ids, None)
+        mask = attention_mask[:, None, None, :].bool()
+        for index in range(self.last):
+            hidden = self.model.elasticbert.encoder.run_layer(index, hidden, mask)
+        return self.model.classify(self.last, hidden, attention_mask)[1]
+
+
+def onnx_sessions(model: nn.Module, work: Path, threads: int) -> dict:
+    """ORT sessions of the full model, fp32 and int8 (exported and quantized once per model, into `work`)."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    work.mkdir(parents=True, exist_ok=True)
+    fp32, int8 = work / "model.onnx", work / "model_int8.onnx"
+    if not int8.is_file():
+        example = (torch.ones(2, 8, dtype=torch.long),) * 3
+        axes = {name: {0: "batch", 1: "length"} for name in ("input_ids", "attention_mask", "token_type_ids")}
+        torch.onnx.export(
+            FullModel(model).eval(),
+            example,
+            str(fp32),
+            input_names=list(axes),
+            output_names=["logits"],
+            dynamic_axes={**axes, "logits": {0: "batch"}},
+            opset_version=17,
+            dynamo=False,
+        )
+        quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8, per_channel=True)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return {
+        name: ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        for name, path in (("ORT fp32", fp32), ("ORT int8", int8))
+    }
+
+
+def calibrate(model: nn.Module, split: EncodedSplit, labels: np.ndarray, floor: float) -> dict:
+    """The entropy threshold with the fewest mean FLOPs whose dev accuracy is ≥ `floor` (on this model's logits)."""
+    batches = split.batches(32)
+    best = None
+    for tau in ENTROPY_GRID:
+        result, _ = run_dataset(model, batches, make_rule("entropy", float(tau), model.config.num_labels))
+        accuracy = 100 * float((result.predictions.numpy() == labels).mean())
+        flops = float(per_sample_flops(model.config, result)[0].mean())
+        if accuracy >= floor and (best is None or flops < best["mean_flops"]):
+            best = {"threshold": float(tau), "accuracy": accuracy, "mean_flops": flops}
+    return best or {"threshold": None}
+
+
+def runners(task, model_dir: Path, examples, tokenizer, max_length: int, thresholds: dict, sessions: dict) -> dict:
+    """Configuration name -> run(batch_size) returning label ids in input order, texts in, tokenisation included."""
+    from transformers import pipeline
+
+    model = load_finetuned(model_dir, require_trained=True).eval()
+    # the anchor: the full model (the static rule: every layer, the last exit), whatever setting the directory saved.
+    # (Without a setting the forward returns every exit's logits, which a pipeline cannot split into samples once a
+    # batch holds more rows than the model has exits.)
+    model.config.early_exit = {"strategy": "static"}
+    texts = [e.text_a if e.text_b is None else (e.text_a, e.text_b) for e in examples]
+    label_of = {name: i for i, name in model.config.id2label.items()}
+    classify = pipeline("text-classification", model=model, tokenizer=tokenizer, device="cpu")
+    pipeline_inputs = [t if isinstance(t, str) else {"text": t[0], "text_pair": t[1]} for t in texts]
+
+    def run_pipeline(batch_size: int) -> list[int]:
+        outputs = classify(pipeline_inputs, batch_size=batch_size, truncation=True, max_length=max_length)
+        return [label_of[o["label"]] for o in outputs]
+
+    def ort_runner(session) -> Callable[[int], list[int]]:
+        def run(batch_size: int) -> list[int]:
+            out = []
+            for start in range(0, len(texts), batch_size):
+                chunk = texts[start : start + batch_size]
+                pairs = [c if isinstance(c, tuple) else (c, None) for c in chunk]
+                firsts, seconds = [p[0] for p in pairs], [p[1] for p in pairs]
+                enc = tokenizer(
+                    firsts,
+                    seconds if task.is_pair else None,
+                    padding=True,
+                    truncation=True,
+                    max_length=max_length,
+                    return_tensors="np",
+                )
+                feed = {k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")}
+                out += session.run(None, feed)[0].argmax(-1).tolist()
+            return out
+
+        return run
+
+    def ours(strategy: str, threshold: float | None, precision: str) -> Callable[[int], list[int]]:
+        classifier = EarlyExitClassifier(
+            model, tokenizer, strategy, threshold, max_length=max_length, task=task, precision=precision
+        )
+
+        def run(batch_size: int) -> list[int]:
+            records = classifier.predict(texts, batch_size=batch_size)
+            return [label_of[r["label"]] for r in records]
+
+        return run
+
+    return {
+        "pipeline fp32": run_pipeline,
+        "ORT fp32": ort_runner(sessions["ORT fp32"]),
+        "ORT int8": ort_runner(sessions["ORT int8"]),
+        "ours full fp32": ours("static", None, "fp32"),
+        "ours full int8": ours("static", None, "int8"),
+        "ours EE fp32": ours("entropy", thresholds["fp32"]["threshold"], "fp32"),
+        "ours EE int8": ours("entropy", thresholds["int8"]["threshold"], "int8"),
+    }
+
+
+def bench_task(task_name: str, model_dir: Path, args: argparse.Namespace) -> dict:
+    task = get_task(task_name)
+    examples = subsample(load_split(task, GLUE_DIR, "dev"), args.max_examples)
+    labels = np.array([int(e.label) for e in examples])
+    tokenizer = load_tokenizer(model_dir)
+    max_length = _trained_length(model_dir)
+    split = EncodedSplit.from_examples(tokenizer, examples, max_length)
+    model = load_finetuned(model_dir, require_trained=True).eval()
+    torch.set_num_threads(1)
+    full = run_dataset(model, split.batches(32), make_rule("static", None, model.config.num_labels))[0]
+    full_accuracy = 100 * float((full.predictions.numpy() == labels).mean())
+    floor = full_accuracy - args.within
+    thresholds = {p: calibrate(for_inference(model, p), split, labels, floor) for p in ("fp32", "int8")}
+    full_flops = float(static_flops(model.config, split.lengths, model.exit_layers[-1]).mean())
+    print(f"{task.name}: full fp32 accuracy {full_accuracy:.2f}; thresholds {thresholds}", flush=True)
+    table: dict = {name: {} for name in CONFIGS}
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        sessions = onnx_sessions(model, args.work_dir / task.name, threads)
+        run = runners(task, model_dir, examples, tokenizer, max_length, thresholds, sessions)
+        for batch_size in args.batch_sizes:
+            key = f"b{batch_size}_t{threads}"
+            best = dict.fromkeys(CONFIGS, float("inf"))
+            for _ in range(args.rounds):
+                for name in CONFIGS:
+                    start = time.perf_counter()
+                    predictions = run[name](batch_size)
+                    best[name] = min(best[name], time.perf_counter() - start)
+                    accuracy = 100 * float((np.array(predictions) == labels).mean())
+                    table[name].setdefault("accuracy", {})[key] = accuracy
+            for name in CONFIGS:
+                table[name].setdefault("inputs_per_s", {})[key] = len(examples) / best[name]
+            line = "  ".join(f"{n} {len(examples) / best[n]:.0f}/s" for n in CONFIGS)
+            print(f"{task.name} {key}: {line}", flush=True)
+    return {
+        "examples": len(examples),
+        "max_length": max_length,
+        "model": str(model_dir),
+        "full_fp32_accuracy": full_accuracy,
+        "full_mean_flops": full_flops,
+        "thresholds": thresholds,
+        "configs": table,
+    }
+
+
+def section(results: dict) -> str:
+    """The README table: inputs/s per setting, × the pipeline, and accuracy, per task; then the goals."""
+    lines = []
+    for task, r in results["tasks"].items():
+        keys = list(next(iter(r["configs"].values()))["inputs_per_s"])
+        lines += [
+            f"**{task}** dev ({r['examples']} rows, max length {r['max_length']}; full fp32 accuracy "
+            f"{r['full_fp32_accuracy']:.1f}; EE thresholds: fp32 τ={r['thresholds']['fp32'].get('threshold')}, "
+            f"int8 τ={r['thresholds']['int8'].get('threshold')})",
+            "",
+            "| config | " + " | ".join(f"inputs/s {k.replace('_', ' ')}" for k in keys) + " | accuracy |",
+            "|---|" + "---|" * (len(keys) + 1),
+        ]
+        anchor = r["configs"]["pipeline fp32"]["inputs_per_s"]
+        for name, row in r["configs"].items():
+            speeds = " | ".join(
+                f"{row['inputs_per_s'][k]:.0f} (×{row['inputs_per_s'][k] / anchor[k]:.2f})" for k in keys
+            )
+            accuracies = sorted(set(round(a, 1) for a in row["accuracy"].values()))
+            lines.append(f"| {name} | {speeds} | {' / '.join(f'{a:.1f}' for a in accuracies)} |")
+        goal = r["configs"]["ours EE int8"]["inputs_per_s"]
+        ort8 = r["configs"]["ORT int8"]["inputs_per_s"]
+        lines += [
+            "",
+            "Goals (ours EE int8): ≥ 4× the pipeline — "
+            + ", ".join(f"{k} {goal[k] / anchor[k]:.2f}×" for k in keys)
+            + "; ahead of ORT int8 — "
+            + ", ".join(f"{k} {goal[k] / ort8[k]:.2f}×" for k in keys),
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", action="append", required=True, metavar="TASK=DIR", help="a fine-tuned model")
+    parser.add_argument("--within", type=float, default=1.0, help="accuracy points below full fp32 allowed (EE)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-examples", type=int, default=None)
+    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/serving_bench"))
+    parser.add_argument("--output", type=Path, default=RESULTS_DIR / "serving")
+    args = parser.parse_args(argv)
+    try:
+        import onnxruntime
+    except ImportError:
+        sys.exit("bench/serving.py: needs the bench extra: pip install onnxruntime onnx")
+    models = dict(spec.split("=", 1) for spec in args.model)
+    results = {
+        "cpu": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "ort_graph_optimization": "ORT_ENABLE_ALL",
+        "int8_engine": torch.backends.quantized.engine,
+        "rounds": args.rounds,
+        "tasks": {task: bench_task(task, Path(path), args) for task, path in models.items()},
+    }
+    args.output.mkdir(parents=True, exist_ok=True)
+    write_json(args.output / "results.json", results)
+    (args.output / "section.md").write_text(section(results), encoding="utf-8")
+    print(section(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
