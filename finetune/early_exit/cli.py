@@ -26,7 +26,15 @@ from ..results import check_earlier_result, data_source, result_identity
 from ..tasks import TaskSpec, get_task, load_split
 from .lte import LearnedExitHead, train_lte_head
 from .rules import STRATEGIES
-from .sweep import SweepConfig, merge_results, parse_thresholds, resolve_strategies, summary_table, sweep
+from .sweep import (
+    SweepConfig,
+    measure_reference,
+    merge_results,
+    parse_thresholds,
+    resolve_strategies,
+    summary_table,
+    sweep,
+)
 
 DESCRIPTION = (
     "Run dynamic early exit over a GLUE/ELUE split for one or more strategies and thresholds; write JSON (+ per-sample "
@@ -156,8 +164,8 @@ def main(args: argparse.Namespace) -> int:
     model_dir = resolve_pretrained(args.model, what="--model")
     if problem := precision_problem(args.precision, device):
         raise ConfigError(problem)
-    model = load_finetuned(model_dir, require_trained=True, purpose="early exit").to(device)
-    model = for_inference(model, args.precision)  # thresholds are then calibrated on this precision's logits
+    full_precision = load_finetuned(model_dir, require_trained=True, purpose="early exit").to(device)
+    model = for_inference(full_precision, args.precision)  # thresholds are calibrated on this precision's logits
     if model.config.num_labels != task.num_labels:
         raise ConfigError(
             f"{args.model} has {model.config.num_labels} labels; task {task.name} needs {task.num_labels}"
@@ -179,6 +187,9 @@ def main(args: argparse.Namespace) -> int:
     split = EncodedSplit.from_examples(tokenizer, examples, args.max_length)
     head, head_path = lte_head_for(args, model, task, output, tokenizer) if "lte" in strategies else (None, None)
     results = sweep(model, split, task, sweep_config(args, strategies, head, output))
+    if model is not full_precision:  # `fastest-within` is measured from the fp32 model's score, not the int8 one's
+        reference = measure_reference(full_precision, split, task, split.batches(args.batch_size, device=device))
+        results["full_model_fp32"] = {"score": reference.metrics.get("score"), "metrics": reference.metrics}
     results.update(
         device=str(device),
         model=str(args.model),

@@ -54,7 +54,7 @@ class OperatingPoint:
         name = "static (the full model)" if self.strategy == "static" else f"{self.strategy} τ={self.threshold:g}"
         parts = [f"{name} ({self.precision}) from {self.source}"]
         if self.score is not None and self.full_score is not None:
-            parts.append(f"score {self.score:.2f} vs the full model's {self.full_score:.2f}")
+            parts.append(f"score {self.score:.2f} vs the full fp32 model's {self.full_score:.2f}")
         if self.mean_flops and self.full_flops:
             parts.append(f"FLOPs x{self.full_flops / self.mean_flops:.2f} fewer")
         return ", ".join(parts)
@@ -167,7 +167,9 @@ def choose_operating_point(spec: str, strategy: str | None = None) -> OperatingP
     candidates = _candidates(result, str(path), strategy)
     if not candidates:
         raise DataError(f"{path}: the result holds no operating points")
-    point = _pick(candidates, rule, full.get("score"), str(path))
+    # a sweep at reduced precision is measured against the fp32 model's score: "within D" of the model as trained
+    reference = result.get("full_model_fp32") or full
+    point = _pick(candidates, rule, reference.get("score"), str(path))
     strategy_name = point["strategy"]
     return OperatingPoint(
         strategy=strategy_name,
@@ -177,7 +179,7 @@ def choose_operating_point(spec: str, strategy: str | None = None) -> OperatingP
         lte_head=result.get("lte_head") if strategy_name == "lte" else None,
         score=point["score"],
         mean_flops=point["mean_flops"],
-        full_score=full.get("score"),
+        full_score=reference.get("score"),
         full_flops=_flops(full, f"{path}: full_model")["mean_flops"],
         max_length=int(result["max_length"]) if result.get("max_length") else None,
         model=result.get("model"),

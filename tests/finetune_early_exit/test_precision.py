@@ -15,9 +15,12 @@ from elasticbert.early_exit import entropy_nats
 from elasticbert.masks import attention_mask_for_sdpa
 from elasticbert.precision import for_inference, model_precision, precision_problem
 from finetune.__main__ import main
-from finetune.early_exit import make_rule, run_batch
+from finetune.data import EncodedSplit, load_tokenizer
+from finetune.early_exit import make_rule, run_batch, run_full_model
+from finetune.early_exit.operating_point import choose_operating_point
 from finetune.model import load_finetuned
 from finetune.predict import EarlyExitClassifier
+from finetune.tasks import get_task, load_split
 
 
 def _dynamic_linears(model):
@@ -103,7 +106,18 @@ def test_precision_travels_from_sweep_to_serving(saved_model, save_classifier, s
     argv += ["--strategy", "entropy", "--batch-size", "8", "--output", str(out), "--precision", "int8"]
     assert main(argv) == 0
     result = out / "early_exit_SST-2_dev_bs8_int8.json"
-    assert json.loads(result.read_text())["precision"] == "int8"
+    data = json.loads(result.read_text())
+    assert data["precision"] == "int8"
+    # "within D" counts from the fp32 model's score (the model as trained), measured on the same rows
+    fp32_full = load_finetuned(saved_model, require_trained=True)
+    labels = torch.tensor([e.label for e in load_split(get_task("SST-2"), small_glue, "dev")])
+    split = EncodedSplit.from_examples(
+        load_tokenizer(saved_model), load_split(get_task("SST-2"), small_glue, "dev"), 128
+    )
+    logits, _ = run_full_model(fp32_full, split.batches(8))
+    fp32_accuracy = 100 * float((logits.argmax(-1) == labels).float().mean())
+    assert data["full_model_fp32"]["score"] == pytest.approx(fp32_accuracy)
+    assert choose_operating_point(f"{result}:fastest-within=100").full_score == pytest.approx(fp32_accuracy)
     # the operating point runs at the precision it was measured at; asking for another is refused
     tau = json.loads(result.read_text())["strategies"]["entropy"]["points"][2]["threshold"]
     classifier = EarlyExitClassifier.from_pretrained(saved_model, operating_point=f"{result}:entropy={tau}")
