@@ -18,6 +18,7 @@ from .fnlp_export import LayoutError, export_fnlp, save_fnlp
 from .gradient_equilibrium import equilibrium_weights, rescale_gradient
 from .loading import CheckpointError, LoadReport, load_pretrained, minilm_dir, save_early_exit
 from .model_card import write_model_card
+from .precision import for_inference
 from .modeling import (
     ElasticBertForPreTraining,
     ElasticBertForSequenceClassification,
@@ -45,6 +46,7 @@ __all__ = [
     "equilibrium_weights",
     "exit_groups",
     "export_fnlp",
+    "for_inference",
     "load_pretrained",
     "make_rule",
     "minilm_dir",
