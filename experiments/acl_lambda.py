@@ -210,6 +210,25 @@ def write_outputs(out: Path, arms: list[Arm], runs: list[dict], seeds: tuple[int
             f"{mean:.1f} ± {std:.1f} | {diffs} |"
         )
     lines += ["", "Verdict:", "", *[f"- {line}" for line in verdict(summary).splitlines()]]
+    lines += [
+        "",
+        "Every run (per-exit dev accuracy at the end of stage 2; the commands are in results.json):",
+        "",
+        "| arm | seed | cross-layer avg | L1 … L6 | wall s | note |",
+        "|---|---|---|---|---|---|",
+    ]
+    for run in sorted(runs, key=lambda r: (r["rung"], r["seed"])):
+        if run["status"] != "ok":
+            lines.append(f"| {run['rung']} | {run['seed']} | failed | | | {run.get('error', '')[-80:]} |")
+            continue
+        exits = " · ".join(f"{v:.1f}" for v in run["per_exit"].values())
+        note = "the ACL ladder's run (same command)" if run.get("source") else ""
+        lines.append(
+            f"| {run['rung']} | {run['seed']} | {run['cross_layer_avg']:.2f} | {exits} | {run['wall_s']:.0f} | {note} |"
+        )
+    notes = out / "notes.md"  # hand-written discussion, kept across regenerations
+    if notes.is_file():
+        lines += ["", notes.read_text(encoding="utf-8").rstrip()]
     (out / "section.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     plot(out / "lambda_grid.png", summary)
 
