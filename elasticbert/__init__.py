@@ -18,7 +18,6 @@ from .fnlp_export import LayoutError, export_fnlp, save_fnlp
 from .gradient_equilibrium import equilibrium_weights, rescale_gradient
 from .loading import CheckpointError, LoadReport, load_pretrained, minilm_dir, save_early_exit
 from .model_card import write_model_card
-from .precision import for_inference
 from .modeling import (
     ElasticBertForPreTraining,
     ElasticBertForSequenceClassification,
@@ -26,6 +25,7 @@ from .modeling import (
     ElasticBertPreTrainedModel,
     exit_groups,
 )
+from .precision import for_inference
 
 AutoConfig.register("elasticbert", ElasticBertConfig, exist_ok=True)
 AutoModel.register(ElasticBertConfig, ElasticBertModel, exist_ok=True)

@@ -19,6 +19,7 @@ are the deepest exit's [B, K] (what pipelines and `Trainer` read); `exit_logits`
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -689,6 +690,18 @@ class ElasticBertForSequenceClassification(ElasticBertPreTrainedModel):
             raise ValueError(f"{type(self).__name__}: early_exit=True, but " + "; ".join(blockers))
         return EarlyExitSetting.from_dict(configured, self.config.num_labels, "config.early_exit")
 
+    def _note_precision(self, setting: EarlyExitSetting) -> None:
+        """Say once when the saved threshold was chosen at another precision than this model runs at (e.g. an int8
+        operating point on the fp32 model a pipeline loads): the exits taken then differ from the measured ones."""
+        running = getattr(self, "inference_precision", "fp32")
+        if setting.precision != running and not getattr(self, "_precision_noted", False):
+            self._precision_noted = True
+            warnings.warn(
+                f"config.early_exit's threshold was chosen at {setting.precision}; this model runs at {running} "
+                f"(elasticbert.for_inference(model, {setting.precision!r}) serves at the measured precision)",
+                stacklevel=3,
+            )
+
     def problem_type(self, labels: torch.Tensor) -> str:
         """transformers' rule: the config's `problem_type`, else regression for one label, single-label
         classification for integer labels, multi-label for float labels."""
@@ -731,6 +744,7 @@ class ElasticBertForSequenceClassification(ElasticBertPreTrainedModel):
         wants_hidden = self._wants_hidden_states(output_hidden_states, output_attentions)
         setting = self._early_exit_setting(early_exit, exit_layers, labels, wants_hidden)
         if setting is not None:
+            self._note_precision(setting)
             result = run_batch(
                 self,
                 input_ids,

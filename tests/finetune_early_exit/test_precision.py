@@ -136,6 +136,9 @@ def test_precision_travels_from_sweep_to_serving(saved_model, save_classifier, s
     classify = pipeline("text-classification", model=model, tokenizer=saved.tokenizer)
     for record, scores in zip(predictions, classify(dev_texts, top_k=None, batch_size=1)):
         assert {s["label"]: s["score"] for s in scores} == pytest.approx(record["probabilities"], abs=1e-5)
+    # the fp32 model a pipeline loads from the directory says, once, that the threshold was chosen at int8
+    with pytest.warns(UserWarning, match="chosen at int8; this model runs at fp32"):
+        pipeline("text-classification", model=str(deployed))(dev_texts[:2])
     # a hand-given threshold runs at any precision; an unknown one is a usage error
     EarlyExitClassifier.from_pretrained(saved_model, strategy="entropy", threshold=0.3, precision="int8")
     with pytest.raises(SystemExit) as exit_:
