@@ -26,6 +26,8 @@ setup(
     extras_require={
         "train": ["deepspeed", "tensorboard", "datasets", "sentencepiece", "zstandard", "blingfire"],
         "eval": ["scikit-learn", "scipy", "matplotlib"],
+        # bench/serving.py's comparison: ONNX Runtime (fp32 and int8) as a user would deploy instead
+        "bench": ["onnxruntime", "onnx"],
         "dev": [
             "deepspeed",
             "tensorboard",
@@ -36,6 +38,8 @@ setup(
             "scikit-learn",
             "scipy",
             "matplotlib",
+            "onnxruntime",
+            "onnx",
             "pytest",
             "pytest-timeout",
             "setuptools>=70.1",  # tests/test_install.py builds the package: bdist_wheel is built in from 70.1

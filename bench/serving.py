@@ -107,6 +107,11 @@ def calibrate(model: nn.Module, split: EncodedSplit, labels: np.ndarray, floor: 
     return best or {"threshold": None}
 
 
+def early_exit_rule(calibrated: dict) -> tuple[str, float | None]:
+    """The entropy rule at the calibrated threshold, or the full model when no threshold kept the accuracy."""
+    return ("static", None) if calibrated["threshold"] is None else ("entropy", calibrated["threshold"])
+
+
 def runners(task, model_dir: Path, examples, tokenizer, max_length: int, thresholds: dict, sessions: dict) -> dict:
     """Configuration name -> run(batch_size) returning label ids in input order, texts in, tokenisation included."""
     from transformers import pipeline
@@ -163,8 +168,8 @@ def runners(task, model_dir: Path, examples, tokenizer, max_length: int, thresho
         "ORT int8": ort_runner(sessions["ORT int8"]),
         "ours full fp32": ours("static", None, "fp32"),
         "ours full int8": ours("static", None, "int8"),
-        "ours EE fp32": ours("entropy", thresholds["fp32"]["threshold"], "fp32"),
-        "ours EE int8": ours("entropy", thresholds["int8"]["threshold"], "int8"),
+        "ours EE fp32": ours(*early_exit_rule(thresholds["fp32"]), "fp32"),
+        "ours EE int8": ours(*early_exit_rule(thresholds["int8"]), "int8"),
     }
 
 

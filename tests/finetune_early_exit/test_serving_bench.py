@@ -1,0 +1,30 @@
+"""bench/serving.py end to end at smoke size on the fixture's saved model: every configuration (pipeline, ONNX
+Runtime fp32/int8, ours full/early exit fp32/int8) classifies the rows, and the table and goals are written."""
+
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from bench import serving  # noqa: E402
+
+
+def test_serving_bench_smoke(saved_model, tmp_path):
+    argv = ["--model", f"SST-2={saved_model}", "--max-examples", "16", "--rounds", "1", "--threads", "1"]
+    argv += ["--batch-sizes", "4", "--work-dir", str(tmp_path / "work"), "--output", str(tmp_path / "out")]
+    assert serving.main(argv) == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    task = results["tasks"]["SST-2"]
+    assert task["examples"] == 16 and set(task["configs"]) == set(serving.CONFIGS)
+    for name, row in task["configs"].items():
+        assert row["inputs_per_s"]["b4_t1"] > 0, name
+        assert 0 <= row["accuracy"]["b4_t1"] <= 100, name
+    # the exported fp32 graph is the model: the same accuracy as ours and the pipeline on the same rows
+    fp32 = {task["configs"][name]["accuracy"]["b4_t1"] for name in ("pipeline fp32", "ORT fp32", "ours full fp32")}
+    assert len(fp32) == 1, fp32
+    assert task["thresholds"]["fp32"]["threshold"] is not None  # the full model itself qualifies at worst
+    section = (tmp_path / "out" / "section.md").read_text()
+    assert "ours EE int8" in section and "Goals" in section
+    assert results["onnxruntime"] and results["ort_graph_optimization"] == "ORT_ENABLE_ALL"
