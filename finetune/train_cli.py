@@ -102,7 +102,7 @@ OPTIONS: dict[str, tuple[tuple[str, str], ...]] = {
         ("objective.name", "per-exit loss"),
         ("objective.lam", "contrastive weight λ"),
         ("objective.tau", "contrastive temperature τ"),
-        ("objective.contrastive_reduction", "sum or mean over the anchors"),
+        ("objective.contrastive_reduction", "mean (default) or sum (the formula's Σ) over the anchors"),
         ("objective.kd_weight", "β in (1−β)·CE + β·KD (default 0.5 in 2ST stage 2, else 0)"),
         ("objective.kd_temperature", "KD temperature"),
         ("objective.acl_grad", "drop the contrastive term when its gradient opposes the task's (ACL-Grad)"),
