@@ -196,20 +196,23 @@ def verdict(summary: dict) -> str:
 
 def write_outputs(out: Path, arms: list[Arm], runs: list[dict], seeds: tuple[int, ...], meta: dict) -> None:
     summary = summarise(arms, runs, seeds)
+    base_exit_lr = f"{meta['exit_lr']:g}" if isinstance(meta.get("exit_lr"), float) else str(meta.get("exit_lr"))
     write_json(out / "results.json", {**meta, "runs": runs, "summary": summary, "verdict": verdict(summary)})
     lines = [
-        "| arm | λ | reduction | epochs/stage | seeds | cross-layer avg | Δ vs 2ST-MHA per seed |",
-        "|---|---|---|---|---|---|---|",
+        "| arm | λ | reduction | epochs/stage | exit lr | seeds | cross-layer avg | Δ vs 2ST-MHA per seed |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in summary["rows"].values():
         mean, std = row["cross_layer_avg"]
         diffs = " / ".join(f"{d:+.1f}" for d in row["paired_diffs_vs_2st_mha"]) or "—"
         lam = "—" if row["lam"] is None else f"{row['lam']:g}"
+        exit_lr = row["exit_lr"] or base_exit_lr
         lines.append(
-            f"| {row['objective']} | {lam} | {row['reduction'] or '—'} | {row['epochs']:g} | {row['n']} | "
+            f"| {row['objective']} | {lam} | {row['reduction'] or '—'} | {row['epochs']:g} | {exit_lr} | {row['n']} | "
             f"{mean:.1f} ± {std:.1f} | {diffs} |"
         )
-    lines += ["", "Verdict:", "", *[f"- {line}" for line in verdict(summary).splitlines()]]
+    if meta["experiment"].endswith("grid"):
+        lines += ["", "Verdict:", "", *[f"- {line}" for line in verdict(summary).splitlines()]]
     lines += [
         "",
         "Every run (per-exit dev accuracy at the end of stage 2; the commands are in results.json):",
@@ -307,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     model, out = str(minilm_dir()), args.output / args.phase.replace("-", "_")
     out.mkdir(parents=True, exist_ok=True)
     meta = {"experiment": f"acl_lambda/{args.phase}", "scale": args.scale, "task": TASK, "seeds": list(seeds)}
+    meta["exit_lr"] = base.exit_lr  # the exit heads' learning rate unless an arm says "same"
     records: dict[tuple[str, int], dict] = {}
     reused = ladder_runs(model, base, seeds, args.work_dir, RESULTS_DIR / "acl_ladder" / "results.json")
 
