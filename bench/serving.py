@@ -42,7 +42,7 @@ from experiments.common import GLUE_DIR, RESULTS_DIR, write_json  # noqa: E402
 from finetune.data import EncodedSplit, load_tokenizer, subsample  # noqa: E402
 from finetune.early_exit import make_rule, per_sample_flops, run_dataset, static_flops  # noqa: E402
 from finetune.model import load_finetuned  # noqa: E402
-from finetune.predict import EarlyExitClassifier, _trained_length  # noqa: E402
+from finetune.predict import EarlyExitClassifier, trained_max_length  # noqa: E402
 from finetune.tasks import get_task, load_split  # noqa: E402
 
 CONFIGS = ("pipeline fp32", "ORT fp32", "ORT int8", "ours full fp32", "ours full int8", "ours EE fp32", "ours EE int8")
@@ -178,7 +178,7 @@ def bench_task(task_name: str, model_dir: Path, args: argparse.Namespace) -> dic
     examples = subsample(load_split(task, GLUE_DIR, "dev"), args.max_examples)
     labels = np.array([int(e.label) for e in examples])
     tokenizer = load_tokenizer(model_dir)
-    max_length = _trained_length(model_dir)
+    max_length = trained_max_length(model_dir)
     split = EncodedSplit.from_examples(tokenizer, examples, max_length)
     model = load_finetuned(model_dir, require_trained=True).eval()
     torch.set_num_threads(1)

@@ -120,7 +120,7 @@ class EarlyExitClassifier:
             head = LearnedExitHead.load(head)
         model = _load(directory, full_model_only=setting["strategy"] == "static").to(place)
         task = _task_of(model, point, directory)
-        length = max_length or (point.max_length if point else None) or _trained_length(directory)
+        length = max_length or (point.max_length if point else None) or trained_max_length(directory)
         classifier = cls(
             model,
             load_tokenizer(directory),
@@ -332,7 +332,7 @@ def _task_of(
     return task
 
 
-def _trained_length(directory: Path) -> int:
+def trained_max_length(directory: Path) -> int:
     """The training run's --max-length (RUN/run_config.json beside RUN/best), else 128."""
     run_config = directory.parent / "run_config.json"
     return load_run_config(run_config).data.max_length if run_config.is_file() else 128
