@@ -304,16 +304,20 @@ def test_every_rank_leaves_the_process_group_before_exit(work, prepared_gutenber
         "import os, sys, torch.distributed as dist\n"
         "from pretrain.__main__ import main\n"
         "code = main(sys.argv[1:])\n"
-        "print(f'rank {os.environ[\"RANK\"]} exit {code} group alive {dist.is_initialized()}', flush=True)\n"
+        "from pathlib import Path\n"
+        "report = Path(os.environ['PROBE_DIR']) / f'rank{os.environ[\"RANK\"]}.txt'\n"
+        "report.write_text(f'rank {os.environ[\"RANK\"]} exit {code} group alive {dist.is_initialized()}')\n"
         "sys.exit(code)\n"
     )
     run = work / "leaves_group"
     args = train_args(TINY, run, prepared_gutenberg, ["train.train_steps=4", "optim.warmup_steps=1"])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
     cmd += ["--master_port", str(free_port()), str(probe), *args]
-    r = subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=300)
+    # One file per rank: the two ranks share torchrun's stdout, where their lines can interleave (CI saw it).
+    env = {**base_env(), "PROBE_DIR": str(tmp_path)}
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert sorted(line for line in r.stdout.splitlines() if line.startswith("rank ")) == [
+    assert sorted(p.read_text() for p in tmp_path.glob("rank*.txt")) == [
         "rank 0 exit 0 group alive False",
         "rank 1 exit 0 group alive False",
     ]
