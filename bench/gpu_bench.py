@@ -4,7 +4,7 @@
    at masked positions only (the model's own sparse head), bf16 autocast where the GPU has it (else fp16 autocast),
    fused AdamW; G=2 (the default grouping: the groups alternate step by step) vs G=1 (all 12 exits every step);
    tokens/s and useful FLOP/s (`elasticbert.flops.training_flops_per_token`) against the device's dense peak
-   (`pretrain.mfu`), timed with CUDA events after warm-up.
+   (`pretrain.mfu`), timed with CUDA events after warm-up; and the first seq at G=2 with `train.compile`'s path.
 2. Early exit: a base-size classifier with six MHA exits (random weights whose exit heads are scaled up, so the
    entropy rule spreads samples over the exits: the speed-up ratio needs exits, not accuracy), entropy thresholds
    picked for ≈ 1.5×, 2× and 3× fewer FLOPs; wall-time speed-up ÷ FLOPs speed-up at batch 1 and 32, the full
@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from elasticbert import ElasticBertConfig, ElasticBertForPreTraining, exit_groups  # noqa: E402
 from elasticbert.flops import training_flops_per_token  # noqa: E402
+from pretrain.model_setup import compile_model  # noqa: E402
 
 
 class Timer:
@@ -71,8 +72,9 @@ def peak_flops(device: str, dtype: torch.dtype | None) -> float | None:
     return None
 
 
-def pretrain_step(device: str, seq: int, groups: int, quick: bool) -> dict:
-    """Tokens/s and MFU of the training step at one (seq, G), fused AdamW, autocast as the trainer uses it."""
+def pretrain_step(device: str, seq: int, groups: int, quick: bool, compiled: bool = False) -> dict:
+    """Tokens/s and MFU of the training step at one (seq, G), fused AdamW, autocast as the trainer uses it;
+    `compiled`: after `train.compile`'s `compile_model` (the warm-up steps compile every group)."""
     hidden, layers, heads, batch = (64, 4, 2, 4) if quick else (768, 12, 12, 32 if seq == 128 else 8)
     cfg = ElasticBertConfig(
         vocab_size=30522,
@@ -84,6 +86,8 @@ def pretrain_step(device: str, seq: int, groups: int, quick: bool) -> dict:
     )
     torch.manual_seed(0)
     model = ElasticBertForPreTraining(cfg).to(device).train()
+    if compiled:
+        compile_model(model, groups)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.startswith("cuda"))
     group_list = exit_groups(layers, groups)
     ids = torch.randint(1000, 30522, (batch, seq), device=device)
@@ -121,6 +125,7 @@ def pretrain_step(device: str, seq: int, groups: int, quick: bool) -> dict:
     return {
         "seq": seq,
         "groups": groups,
+        "compiled": compiled,
         "batch": batch,
         "hidden": hidden,
         "step_s": seconds,
@@ -236,19 +241,21 @@ def report(results: dict) -> str:
         ]
         lines += [f"- {c['test']}: {c['state']} {c.get('message', '')}" for c in tests["cases"]] + [""]
     lines += [
-        "| seq | G | batch | step | tokens/s | useful TFLOP/s | MFU | dtype |",
-        "|---|---|---|---|---|---|---|---|",
+        "| seq | G | compiled | batch | step | tokens/s | useful TFLOP/s | MFU | dtype |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["pretrain"]:
         mfu = f"{r['mfu']:.0%}" if r["mfu"] is not None else "–"
         lines.append(
-            f"| {r['seq']} | {r['groups']} | {r['batch']} | {r['step_s'] * 1e3:.1f} ms | "
-            f"{r['tokens_per_s']:,.0f} | {r['useful_tflops']:.1f} | {mfu} | {r['dtype']} |"
+            f"| {r['seq']} | {r['groups']} | {'yes' if r['compiled'] else 'no'} | {r['batch']} | "
+            f"{r['step_s'] * 1e3:.1f} ms | {r['tokens_per_s']:,.0f} | {r['useful_tflops']:.1f} | {mfu} | {r['dtype']} |"
         )
     for seq in sorted({r["seq"] for r in results["pretrain"]}):
-        g = {r["groups"]: r for r in results["pretrain"] if r["seq"] == seq}
-        if 1 in g and 2 in g:
-            lines.append(f"\nseq {seq}: G=2 step {g[1]['step_s'] / g[2]['step_s']:.2f}× faster than G=1")
+        g = {(r["groups"], r["compiled"]): r for r in results["pretrain"] if r["seq"] == seq}
+        if (1, False) in g and (2, False) in g:
+            lines.append(f"\nseq {seq}: G=2 step {g[1, False]['step_s'] / g[2, False]['step_s']:.2f}× faster than G=1")
+        if (2, True) in g and (2, False) in g:
+            lines.append(f"seq {seq}: train.compile step {g[2, False]['step_s'] / g[2, True]['step_s']:.2f}× eager")
     lines += ["", "| batch | entropy τ | FLOPs speed-up | wall speed-up | wall ÷ FLOPs |", "|---|---|---|---|---|"]
     for r in results["early_exit"]:
         lines.append(
@@ -269,6 +276,7 @@ def main() -> int:
     results = {"environment": environment(args.device), "tests": test_results(args.tests_junit)}
     seqs = (32,) if args.quick else (128, 512)
     results["pretrain"] = [pretrain_step(args.device, seq, g, args.quick) for seq in seqs for g in (2, 1)]
+    results["pretrain"].append(pretrain_step(args.device, seqs[0], 2, args.quick, compiled=True))
     results["early_exit"] = early_exit_ratios(args.device, args.quick)
     (args.output / "gpu_check.json").write_text(json.dumps(results, indent=1))
     (args.output / "gpu_check.md").write_text(report(results))

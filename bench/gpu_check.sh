@@ -5,7 +5,8 @@
 #   2. pytest -m gpu tests/gpu: a bf16 and an fp16 DeepSpeed step on NCCL with 1 process, save -> load -> continue
 #      equal to an uninterrupted run, early-exit predictions equal between CPU and GPU
 #   3. bench/gpu_bench.py: the pre-training step at base size (seq 128 and 512, masked-only heads, MFU against the
-#      device's peak, G=2 vs G=1) and early exit's wall ÷ FLOPs speed-up at batch 1 and 32
+#      device's peak, G=2 vs G=1, and train.compile's path at seq 128) and early exit's wall ÷ FLOPs speed-up at
+#      batch 1 and 32
 #   -> OUTPUT_DIR/gpu_check.json + gpu_check.md (+ the tests' junit XML and logs); exit 1 if a test failed.
 #
 # --cpu: the same on the CPU at toy sizes, with this checkout's .venv (CI's smoke test of the script itself).

@@ -1,12 +1,15 @@
 """Pre-training step of ElasticBERT (all exits active) vs. two plain-`transformers` baselines, measured in one run.
 
-    python bench/model_step.py [--hidden 256 768] [--steps 4]
+    python bench/model_step.py [--hidden 256 768] [--steps 4] [--compile]
 
 Baselines, same sizes, same batches, same masking, same heads (per-exit MLM transform + one tied decoder, per-exit
 pooler + SOP classifier), fwd + bwd + AdamW, fp32:
   naive    — `BertModel` with eager attention and `output_hidden_states=True`, MLM logits at every token;
   informed — the same with SDPA, the MLM head applied only at gathered masked positions.
-Steps are interleaved (A B C A B C …) so machine noise hits all three alike; the median step time is reported.
+--compile adds `train.compile`'s path (the same model after `model.compile()`, inductor) and, for context, the
+informed baseline compiled the same way; compiled contestants get two warm-up steps (the second compiles the
+masked-token count as dynamic).
+Steps are interleaved (A B C A B C …) so machine noise hits all alike; the median step time is reported.
 Useful FLOP/s counts the heads at masked positions only and is divided by the fp32 matmul peak measured here.
 """
 
@@ -108,7 +111,8 @@ def matmul_peak(dtype: torch.dtype = torch.float32, n: int = 2048, reps: int = 5
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, nargs="+", default=[256, 768])
-    parser.add_argument("--steps", type=int, default=4, help="timed steps per contestant (after 1 warm-up)")
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per contestant (after the warm-up)")
+    parser.add_argument("--compile", action="store_true", help="add the compiled model (and compiled baseline)")
     args = parser.parse_args()
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; 12 layers, seq {SEQ}, batch {BATCH}, fp32")
@@ -130,17 +134,28 @@ def main() -> None:
             "informed (SDPA, masked MLM)": PlainBertMultiExit(hidden, "sdpa", sparse_mlm=True),
             "ElasticBERT": ours,
         }
+        if args.compile:
+            compiled_ours = ElasticBertForPreTraining(cfg)
+            compiled_ours.load_state_dict(ours.state_dict())
+            compiled_ours.compile()  # what train.compile does (pretrain.model_setup.compile_model)
+            compiled_informed = PlainBertMultiExit(hidden, "sdpa", sparse_mlm=True)
+            compiled_informed.compile()
+            contestants["informed, compiled"] = compiled_informed
+            contestants["ElasticBERT, compiled"] = compiled_ours
         optims = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in contestants.items()}
         for m in contestants.values():
             m.train()
 
-        batches = make_batches(args.steps + 1)
+        warmup = 2 if args.compile else 1
+        batches = make_batches(args.steps + warmup)
         times = {name: [] for name in contestants}
         for i, batch in enumerate(batches):
             for name in contestants:
                 elapsed = timed_step(contestants[name], optims[name], batch, exits)
-                if i:  # the first step is a warm-up
+                if i >= warmup:
                     times[name].append(elapsed)
+                elif "compiled" in name:
+                    print(f"  ({name}: warm-up step {i + 1} took {elapsed:.0f} s, compiling)", flush=True)
 
         tokens = BATCH * SEQ
         mask_fraction = sum(int((b[3] != -100).sum()) for b in batches) / (len(batches) * tokens)
@@ -155,6 +170,14 @@ def main() -> None:
         ours_t = med["ElasticBERT"]
         print(f"  ratio vs naive:    {med['naive (eager, dense MLM)'] / ours_t:5.2f}x  (target >= 3.5x)")
         print(f"  ratio vs informed: {med['informed (SDPA, masked MLM)'] / ours_t:5.2f}x  (target >= 1.0x)")
+        if args.compile:
+            compiled_t = med["ElasticBERT, compiled"]
+            print(
+                f"  compiled ElasticBERT vs informed: {med['informed (SDPA, masked MLM)'] / compiled_t:5.2f}x "
+                "(target >= 1.15x)"
+            )
+            print(f"  compiled ElasticBERT vs informed, compiled: {med['informed, compiled'] / compiled_t:5.2f}x")
+            print(f"  compiled ElasticBERT vs eager ElasticBERT: {ours_t / compiled_t:5.2f}x")
 
 
 if __name__ == "__main__":

@@ -135,6 +135,9 @@ class TrainConfig:
     # loss scaling on GPUs without (V100), fp32 on CPU (pretrain.precision)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     stop_after_steps: int | None = None  # stop (with a checkpoint) before train_steps; the schedule is unchanged
+    # torch.compile (inductor) through DeepSpeed's engine.compile: opt-in, since the first steps of each exit group
+    # compile for a minute or more; exact resume kept (pretrain/README "The compiled step")
+    compile: bool = False
 
     def end_step(self) -> int:
         """The step this run stops at: `train_steps`, or `stop_after_steps` when sooner (the lr schedule still

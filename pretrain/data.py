@@ -665,19 +665,21 @@ def collate(items: list[dict[str, np.ndarray]], pad_id: int = 0, multiple: int =
 
 
 class Collator:
-    """Picklable collate with the pad id bound (DataLoader workers pickle it)."""
+    """Picklable collate with the pad id and the length multiple bound (DataLoader workers pickle it). A compiled
+    model gets every batch padded to `max_seq_len` (multiple = max_seq_len): one static shape, no recompiles."""
 
-    def __init__(self, pad_id: int) -> None:
+    def __init__(self, pad_id: int, multiple: int = 8) -> None:
         self.pad_id = pad_id
+        self.multiple = multiple
 
     def __call__(self, items: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
-        return collate(items, self.pad_id)
+        return collate(items, self.pad_id, self.multiple)
 
 
 def train_loader(
     datasets: Sequence[Any],
     batches: RankBatches,
-    pad_id: int,
+    collator: Collator,
     num_workers: int,
     worker_init: Callable[[int], None] | None = None,
 ) -> torch.utils.data.DataLoader:
@@ -685,7 +687,7 @@ def train_loader(
     return torch.utils.data.DataLoader(
         BlendedDataset(datasets),
         batch_sampler=batches,
-        collate_fn=Collator(pad_id),
+        collate_fn=collator,
         num_workers=num_workers,
         worker_init_fn=worker_init if num_workers else None,
         prefetch_factor=4 if num_workers else None,

@@ -114,6 +114,11 @@ def fill_ds_config(
     problems += precision_problems(choice, caps)
     if o.name == "lamb" and zero.get("stage", 0) != 0:
         problems.append("optim.name=lamb needs zero_optimization.stage 0 (ZeRO does not support LAMB)")
+    if cfg.train.compile and zero.get("stage", 0) == 3:
+        problems.append(
+            "train.compile=true needs ZeRO stage 0-2: ZeRO-3 gathers parameters in hooks that torch.compile cannot "
+            "trace (DeepSpeed compiles stage 3 only through DeepCompile); set train.zero_stage=2"
+        )
     if o.name == "lamb" and device != "cuda":
         problems.append("optim.name=lamb uses DeepSpeed's FusedLamb, which needs CUDA; use adamw on CPU")
     leftovers = [k for k, v in _walk(ds) if v == AUTO]

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .data import collate
+from .data import Collator
 from .stats import EvalSums, Group
 
 
@@ -26,7 +26,7 @@ def eval_keys(sizes: Sequence[int], max_samples: int, micro: int, group: Group) 
 
 
 def evaluate(
-    engine: Any, valid: Sequence[Any], pad_id: int, group: Group, max_samples: int, micro: int, num_layers: int
+    engine: Any, valid: Sequence[Any], collator: Collator, group: Group, max_samples: int, micro: int, num_layers: int
 ) -> dict[str, Any] | None:
     """{"exits": [1..L], "samples", "mlm_loss", "mlm_accuracy", "sop_loss", "sop_accuracy"} (per-exit lists), or
     None when the held-out split is smaller than one batch per rank."""
@@ -40,7 +40,7 @@ def evaluate(
     with torch.no_grad():
         for start in range(0, len(keys), micro):
             items = [valid[k][i] for k, i in keys[start : start + micro]]
-            batch = {name: t.to(engine.device) for name, t in collate(items, pad_id).items()}
+            batch = {name: t.to(engine.device) for name, t in collator(items).items()}
             out = engine(**batch, active_exits=exits, gradient_equilibrium=False)
             sums.add_batch(out, batch)
     if was_training:

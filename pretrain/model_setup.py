@@ -63,6 +63,17 @@ def _check_fits_data(cfg: RunConfig, model: torch.nn.Module, vocab_size: int) ->
         )
 
 
+def compile_model(model: torch.nn.Module, num_groups: int) -> None:
+    """torch.compile (inductor) in place, before DeepSpeed wraps the model (as DeepSpeed's `engine.compile` does:
+    `module.compile()`), so state-dict keys, ZeRO's hooks and checkpoints stay as they are. Each exit group is its
+    own graph, in training and in evaluation, and the number of masked tokens varies, so each compiles twice (then
+    dynamic in that size): the recompile limit covers them."""
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * (num_groups + 1))
+    model.compile()
+
+
 def build_model(cfg: RunConfig, vocab_size: int, tokenizer_dir: Path | None) -> tuple[torch.nn.Module, str]:
     """From scratch (seeded) or from a BERT / ElasticBERT checkpoint; returns the model and a one-line origin."""
     m = cfg.model
@@ -82,6 +93,8 @@ def build_model(cfg: RunConfig, vocab_size: int, tokenizer_dir: Path | None) -> 
     _check_fits_data(cfg, model, vocab_size)
     if m.activation_checkpointing:
         model.gradient_checkpointing_enable()
+    if cfg.train.compile:
+        compile_model(model, len(cfg.exit_groups()))
     return model, origin
 
 

@@ -40,7 +40,7 @@ from .checkpoint import LATEST, read_latest
 from .checkpointer import Checkpointer, dump_weights, export_files_writer, nonfinite_weight_tensors
 from .config import RunConfig, validate, write_resolved_configs
 from .corpora import open_data
-from .data import RankBatches, SampleOrder, batch_digest, train_loader
+from .data import Collator, RankBatches, SampleOrder, batch_digest, train_loader
 from .ds_config import fill_ds_config, load_ds_json
 from .ds_runtime import import_deepspeed, quiet_deepspeed
 from .evaluation import evaluate
@@ -149,8 +149,9 @@ class Trainer:
         )
         layout = self.layout
         batches = RankBatches(self.order, self.consumed, layout.global_batch, layout.micro_batch, self.rank, self.world)
-        self.pad_id = int(self.data.special_ids.get("pad", 0))
-        self.loader = train_loader(self.data.train, batches, self.pad_id, d.num_workers, _worker_init)
+        pad_id = int(self.data.special_ids.get("pad", 0))  # compiled: every batch at max_seq_len (one static shape)
+        self.collator = Collator(pad_id, d.max_seq_len if self.cfg.train.compile else 8)
+        self.loader = train_loader(self.data.train, batches, self.collator, d.num_workers, _worker_init)
         lg = self.cfg.logging
         self.metrics = MetricsLogger(
             self.run_dir, self.rank == 0, lg.tensorboard, lg.progress, self.end_step, self.step, lg.tb_interval
@@ -166,7 +167,7 @@ class Trainer:
         n_params = sum(getattr(p, "ds_numel", p.numel()) for p in self.engine.module.parameters())
         lines = [
             f"ElasticBERT pre-training: {self.world} process(es) via {self.env.launcher}, device {self.device}, "
-            f"ZeRO-{self.zero_stage}, {self.precision}",
+            f"ZeRO-{self.zero_stage}, {self.precision}{', compiled' if self.cfg.train.compile else ''}",
             f"  precision: {describe_precision(self.precision_choice, self.ds_cfg)}",
             f"  batch: {self.layout}",
             f"  model: {self.model_config.num_hidden_layers} layers, hidden {self.model_config.hidden_size}, "
@@ -235,9 +236,8 @@ class Trainer:
             self.lock.release()
 
     def _leave_process_group(self) -> None:
-        """Join gloo's worker threads while the interpreter is alive: a rank that exits without this can abort at
-        exit ("terminate called without an active exception", pytorch#190489) and fail a finished Slurm step
-        (seen in CI; 3 of 20 bare 2-rank gloo runs here, 0 of 30 with it)."""
+        """Join gloo's threads while the interpreter lives: without it a rank can abort at exit ("terminate called
+        without an active exception", pytorch#190489), failing a finished Slurm step (3 of 20 2-rank runs; 0 of 30)."""
         dist = self.group.dist
         if dist is not None and dist.is_initialized():
             dist.destroy_process_group()
@@ -378,9 +378,9 @@ class Trainer:
 
     def evaluate(self) -> dict[str, Any] | None:
         """Every exit on the held-out slice (`pretrain.evaluation`); an eval.jsonl record and one line."""
-        micro = self.cfg.eval.micro_batch_size or self.layout.micro_batch
-        layers = self.model_config.num_hidden_layers
-        sums = evaluate(self.engine, self.data.valid, self.pad_id, self.group, self.cfg.eval.max_samples, micro, layers)
+        e, layers = self.cfg.eval, self.model_config.num_hidden_layers
+        micro = e.micro_batch_size or self.layout.micro_batch
+        sums = evaluate(self.engine, self.data.valid, self.collator, self.group, e.max_samples, micro, layers)
         if sums is None:
             self.metrics.write("validation skipped: held-out split smaller than one batch per rank")
             return None

@@ -21,10 +21,15 @@ def test_gpu_check_script_runs_on_the_cpu(tmp_path):
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     results = json.loads((out / "gpu_check.json").read_text())
     states = {c["test"]: c["state"] for c in results["tests"]["cases"]}
-    assert states["test_deepspeed_steps_train_and_resume_exactly[bf16]"] == "passed"
+    assert states["test_deepspeed_steps_train_and_resume_exactly[bf16-False]"] == "passed"
     assert states["test_early_exit_agrees_between_cpu_and_gpu"] == "passed"
-    assert {(r["seq"], r["groups"]) for r in results["pretrain"]} == {(32, 1), (32, 2)}
+    assert {(r["seq"], r["groups"], r["compiled"]) for r in results["pretrain"]} == {
+        (32, 1, False),
+        (32, 2, False),
+        (32, 2, True),
+    }
     assert all(r["tokens_per_s"] > 0 for r in results["pretrain"])
     assert {r["batch"] for r in results["early_exit"]} == {1, 32}
     assert all(r["flops_speedup"] >= 1 for r in results["early_exit"])
-    assert "| seq | G |" in (out / "gpu_check.md").read_text()
+    report = (out / "gpu_check.md").read_text()
+    assert "| seq | G | compiled |" in report and "train.compile step" in report

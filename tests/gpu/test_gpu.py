@@ -23,8 +23,9 @@ def run_module(*args: str, env: dict | None = None, timeout: float = 600) -> sub
     )
 
 
-def train(corpus, out, precision: str, steps: int, stop_after: int | None = None):
+def train(corpus, out, precision: str, steps: int, stop_after: int | None = None, compiled: bool = False):
     sets = [
+        f"train.compile={str(compiled).lower()}",
         f"data.corpora=[{{name: synthetic, path: {corpus}, weight: 1.0}}]",
         f"train.train_steps={steps}",
         f"train.precision={precision}",
@@ -55,16 +56,19 @@ def losses(run_dir) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records}
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_deepspeed_steps_train_and_resume_exactly(device, synthetic_corpus, tmp_path, precision):
+@pytest.mark.parametrize(("precision", "compiled"), [("bf16", False), ("fp16", False), ("bf16", True)])
+def test_deepspeed_steps_train_and_resume_exactly(device, synthetic_corpus, tmp_path, precision, compiled):
     if device == "cpu" and precision == "fp16":
         pytest.skip("fp16 DeepSpeed does not run on the CPU (see ../shared/STACK.md); the GPU run checks it")
-    whole = train(synthetic_corpus, tmp_path / "whole", precision, 6)
+    if device == "cpu" and compiled:
+        pytest.skip("train.compile on the CPU is tests/pretrain/test_compile.py's; here it costs CI minutes")
+    whole = train(synthetic_corpus, tmp_path / "whole", precision, 6, compiled=compiled)
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
     assert f"{precision}" in whole.stdout + whole.stderr  # the chosen precision is announced
-    first = train(synthetic_corpus, tmp_path / "split", precision, 6, stop_after=3)
+    assert (f"{precision}, compiled" in whole.stdout + whole.stderr) is compiled  # the announced first line
+    first = train(synthetic_corpus, tmp_path / "split", precision, 6, stop_after=3, compiled=compiled)
     assert first.returncode == 0, first.stderr[-3000:]
-    second = train(synthetic_corpus, tmp_path / "split", precision, 6)
+    second = train(synthetic_corpus, tmp_path / "split", precision, 6, compiled=compiled)
     assert second.returncode == 0, second.stderr[-3000:]
     a, b = losses(tmp_path / "whole"), losses(tmp_path / "split")
     assert sorted(a) == sorted(b) == list(range(1, 7))

@@ -8,7 +8,7 @@
 # SLURM_LOCAL_FAKE_GPUS "gpus"), so `sbatch --nodes=8 --ntasks-per-node=8 --cpus-per-task=1 slurm/pretrain_base.sh`
 # is accepted as on that cluster: every node shares this box's cores (SlurmdParameters=config_overrides).
 #
-#   tests/slurm/local_cluster.sh install   install missing Debian packages (slurm, munge, shellcheck, iproute2) only
+#   tests/slurm/local_cluster.sh install   install missing Debian packages (slurm, munge, shellcheck, iproute2, g++) only
 #   tests/slurm/local_cluster.sh start     install if needed, create the bridge/namespaces/veths and the /etc/hosts
 #                                          lines for the node names, write slurm.conf, start munged/slurmctld/one
 #                                          slurmd per node, wait until `sinfo` shows every node idle (logs on failure)
@@ -232,6 +232,7 @@ cmd_install() {
   done
   command -v shellcheck >/dev/null 2>&1 || pkgs+=(shellcheck)
   command -v ip >/dev/null 2>&1 || pkgs+=(iproute2)
+  command -v g++ >/dev/null 2>&1 || pkgs+=(g++) # torch.compile's CPU code (train.compile tests)
   [ "${#pkgs[@]}" -gt 0 ] || return 0
   [ "$(id -u)" -eq 0 ] || die "missing packages (${pkgs[*]}) and not root: apt-get install ${pkgs[*]}"
   mkdir -p "$RUN_DIR"

@@ -1,0 +1,96 @@
+"""`train.compile`: the compiled step computes what the eager step computes (losses and gradients, gradient
+equilibrium included), and a compiled run under ZeRO-2 with 2 processes resumes exactly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from pretrain_testlib import TINY, launch_torchrun, read_metrics, train_args
+
+from elasticbert import ElasticBertConfig, ElasticBertForPreTraining
+from pretrain.data import collate
+from pretrain.metrics import latest_per_step
+from pretrain.model_setup import compile_model
+
+pytestmark = pytest.mark.slow
+STEPS, SAVE_AT = 8, 4
+COMPILED = [f"train.train_steps={STEPS}", f"checkpoint.interval={SAVE_AT}", "train.zero_stage=2"]
+COMPILED += ["train.compile=true", "checkpoint.dump_final_weights=true", "logging.tensorboard=false"]
+
+
+def _batch(seed: int, pad_to: int, vocab: int = 400):
+    g = torch.Generator().manual_seed(seed)
+    items = []
+    for length in (40, 23, 37):  # ragged: padding and the attention mask are part of the graph
+        ids = torch.randint(5, vocab, (length,), generator=g).numpy()
+        labels = torch.full((length,), -100)
+        pick = torch.rand(length, generator=g) < 0.2
+        labels[pick] = torch.from_numpy(ids)[pick]
+        types = (torch.arange(length) >= length // 2).long().numpy()
+        items.append({"input_ids": ids, "token_type_ids": types, "mlm_labels": labels.numpy(), "sop_label": seed % 2})
+    return collate(items, pad_id=0, multiple=pad_to)
+
+
+def test_the_compiled_model_computes_the_eager_losses_and_gradients():
+    """No dropout, so both paths compute the same function: every exit group, with gradient equilibrium (a custom
+    autograd function inside the graph), and a batch with another number of masked tokens (the dynamic size)."""
+    cfg = ElasticBertConfig(
+        vocab_size=400, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, intermediate_size=64,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    eager = ElasticBertForPreTraining(cfg).train()
+    compiled = ElasticBertForPreTraining(cfg).train()
+    compiled.load_state_dict(eager.state_dict())
+    compile_model(compiled, num_groups=2)
+    for seed, exits in ((1, (1, 3, 4)), (2, (2, 4)), (3, (1, 3, 4)), (4, (2, 4))):
+        batch = _batch(seed, pad_to=48)
+        outs = []
+        for model in (eager, compiled):
+            model.zero_grad(set_to_none=True)
+            out = model(**batch, active_exits=exits, gradient_equilibrium=True)
+            out.loss.backward()
+            outs.append((out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+        (a, grads_a), (b, grads_b) = outs
+        assert b.exit_layers == exits and b.num_masked == a.num_masked
+        torch.testing.assert_close(b.loss, a.loss, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(b.mlm_loss, a.mlm_loss, rtol=1e-5, atol=1e-5)
+        assert grads_a.keys() == grads_b.keys()
+        for name in grads_a:
+            torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.fixture(scope="module")
+def compiled_runs(tmp_path_factory, prepared_gutenberg):
+    """An uninterrupted compiled run, and one stopped at step 4 (checkpoint) and restarted to the end."""
+    work = tmp_path_factory.mktemp("compiled")
+    runs = {}
+    for name, phases in (("whole", [[]]), ("resumed", [[f"train.stop_after_steps={SAVE_AT}"], []])):
+        run = work / name
+        for extra in phases:
+            launch = launch_torchrun(train_args(TINY, run, prepared_gutenberg, COMPILED + extra), 2, work / "log")
+            assert launch.wait(timeout=600) == [0], launch.output()
+        runs[name] = run
+    return runs
+
+
+def test_a_compiled_zero2_run_learns_and_resumes_exactly(compiled_runs):
+    from safetensors.torch import load_file
+
+    whole, resumed = (latest_per_step(read_metrics(compiled_runs[k])) for k in ("whole", "resumed"))
+    starts = [json.loads(line) for line in (compiled_runs["resumed"] / "events.jsonl").read_text().splitlines()]
+    starts = [e for e in starts if e["event"] == "start"]
+    assert [s["resumed_from"] for s in starts] == [None, f"global_step{SAVE_AT}"]
+    for step in range(1, STEPS + 1):
+        a, b = whole[step], resumed[step]
+        assert a["samples_digest"] == b["samples_digest"] and a["active_exits"] == b["active_exits"]
+        assert abs(a["loss"] - b["loss"]) <= 1e-6, f"step {step}: {b['loss']} vs {a['loss']}"
+        assert round(a["tokens"] / (1 - a["padding_fraction"])) == 16 * 128  # every batch at data.max_seq_len
+    assert whole[STEPS - 1]["loss"] < whole[1]["loss"] and whole[STEPS]["loss"] < whole[2]["loss"]  # per group
+    wa = load_file(compiled_runs["whole"] / "final_weights.safetensors")
+    wb = load_file(compiled_runs["resumed"] / "final_weights.safetensors")
+    assert wa.keys() == wb.keys() and all(not k.startswith("_orig_mod") for k in wa)
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
