@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow
 STEPS, SAVE_AT = 8, 4
 COMPILED = [f"train.train_steps={STEPS}", f"checkpoint.interval={SAVE_AT}", "train.zero_stage=2"]
 COMPILED += ["train.compile=true", "checkpoint.dump_final_weights=true", "logging.tensorboard=false"]
+COMPILED += [f"eval.interval={SAVE_AT}", "eval.max_samples=32"]  # validation: another graph (eval mode, all exits)
 
 
 def _batch(seed: int, pad_to: int, vocab: int = 400):
@@ -89,6 +90,14 @@ def test_a_compiled_zero2_run_learns_and_resumes_exactly(compiled_runs):
         assert abs(a["loss"] - b["loss"]) <= 1e-6, f"step {step}: {b['loss']} vs {a['loss']}"
         assert round(a["tokens"] / (1 - a["padding_fraction"])) == 16 * 128  # every batch at data.max_seq_len
     assert whole[STEPS - 1]["loss"] < whole[1]["loss"] and whole[STEPS]["loss"] < whole[2]["loss"]  # per group
+    evals = [
+        {r["step"]: r for r in map(json.loads, (compiled_runs[k] / "eval.jsonl").read_text().splitlines())}
+        for k in ("whole", "resumed")
+    ]
+    assert sorted(evals[0]) == sorted(evals[1]) == [SAVE_AT, STEPS]
+    for step in (SAVE_AT, STEPS):
+        assert evals[0][step]["exits"] == [1, 2, 3, 4]
+        assert evals[0][step]["mlm_loss"] == evals[1][step]["mlm_loss"]  # no dropout in eval: exact
     wa = load_file(compiled_runs["whole"] / "final_weights.safetensors")
     wb = load_file(compiled_runs["resumed"] / "final_weights.safetensors")
     assert wa.keys() == wb.keys() and all(not k.startswith("_orig_mod") for k in wa)
