@@ -32,6 +32,7 @@ from transformers.activations import ACT2FN
 from transformers.utils import ModelOutput
 
 from .configuration import ElasticBertConfig, validate_exit_layers
+from .dropout import Dropout, scaled_dot_product_attention
 from .early_exit import rule_for, run_batch
 from .exit_setting import EarlyExitSetting
 from .gradient_equilibrium import equilibrium_weights, rescale_gradient
@@ -56,7 +57,7 @@ class ElasticBertEmbeddings(nn.Module):
         )
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
         self.padding_idx = config.pad_token_id if roberta else None
         self.max_sequence_length = config.max_sequence_length
 
@@ -105,9 +106,7 @@ class ElasticBertSelfAttention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
         q, k, v = self._heads(self.query(hidden)), self._heads(self.key(hidden)), self._heads(self.value(hidden))
-        context = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout_prob if self.training else 0.0
-        )
+        context = scaled_dot_product_attention(q, k, v, attn_mask, self.dropout_prob if self.training else 0.0)
         b, _, t, _ = context.shape
         return context.transpose(1, 2).reshape(b, t, -1)
 
@@ -117,7 +116,7 @@ class ElasticBertSelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(in_features or config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
@@ -572,7 +571,7 @@ class LinearExit(nn.Module):
     def __init__(self, config: ElasticBertConfig) -> None:
         super().__init__()
         p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(p)
+        self.dropout = Dropout(p)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
     def forward(
@@ -597,7 +596,7 @@ class MHAExit(nn.Module):
             d, config.exit_mha_heads, dropout=config.attention_probs_dropout_prob, batch_first=True
         )
         p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(p)
+        self.dropout = Dropout(p)
         self.classifier = nn.Linear(d, config.num_labels)
 
     def forward(
@@ -616,7 +615,7 @@ class MHAExit(nn.Module):
         key, value = key_value.permute(2, 0, 3, 1, 4).unbind(0)
         mask = None if attention_mask is None else attention_mask[:, None, None, :].bool()
         dropout = attention.dropout if self.training else 0.0
-        context = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout)
+        context = scaled_dot_product_attention(query, key, value, mask, dropout)
         representation = torch.tanh(attention.out_proj(context.reshape(batch, d)))
         return representation, self.classifier(self.dropout(representation))
 

@@ -75,3 +75,35 @@ def test_a_second_backward_is_refused_not_wrong():
     losses.sum().backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="one backward pass"):
         losses.sum().backward()
+
+
+def test_the_step_buffers_are_reused_on_cpu_but_never_while_a_graph_still_needs_them():
+    """The [k·M, V] log-probabilities come back for the next call only after their backward (or at once without
+    one): two graphs alive at once, a no-grad call in between, and a larger M than the kept buffer all give the
+    reference gradients; a call after a finished one runs in that one's memory."""
+    from elasticbert.masked_lm import _spares
+
+    cases = [_inputs(torch.float64, k=3, m=m, seed=s) for s, m in ((10, 20), (11, 20), (12, 30))]
+    refs = [_grads(lambda c=c: _reference(*c[:4], c[5], c[6]), *c[:3], c[4])[2] for c in cases]
+
+    def ours(c):
+        return exits_masked_lm_loss(*c[:4], c[5])
+
+    for c in cases:
+        for t in c[:3]:
+            t.grad = None
+    live = [ours(c) for c in cases[:2]]  # two graphs alive at once
+    with torch.no_grad():
+        ours(cases[2])  # takes a buffer and gives it back meanwhile
+    for (losses, _), c in reversed(list(zip(live, cases))):
+        (losses * c[4]).sum().backward()
+    (ours(cases[2])[0] * cases[2][4]).sum().backward()  # M = 30: more than any kept buffer holds
+    for c, ref in zip(cases, refs):
+        for got, want in zip((t.grad for t in c[:3]), ref):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+    kept = _spares._kept["log_probs"].data_ptr()
+    losses, _ = ours(cases[0])  # M = 20 fits: it runs in the kept memory, which its graph now holds alone
+    assert "log_probs" not in _spares._kept
+    losses.sum().backward()
+    assert _spares._kept["log_probs"].data_ptr() == kept

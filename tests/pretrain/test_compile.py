@@ -1,5 +1,5 @@
 """`train.compile`: the compiled step computes what the eager step computes (losses and gradients, gradient
-equilibrium included), and a compiled run under ZeRO-2 with 2 processes resumes exactly."""
+equilibrium and dropout included), and a compiled run under ZeRO-2 with 2 processes resumes exactly."""
 
 from __future__ import annotations
 
@@ -35,11 +35,13 @@ def _batch(seed: int, pad_to: int, vocab: int = 400):
 
 
 def test_the_compiled_model_computes_the_eager_losses_and_gradients():
-    """No dropout, so both paths compute the same function: every exit group, with gradient equilibrium (a custom
-    autograd function inside the graph), and a batch with another number of masked tokens (the dynamic size)."""
+    """Dropout on, and the same seed before each: the compiled graph draws the eager run's dropout masks
+    (`elasticbert.dropout`), so both compute the same numbers: every exit group, with gradient equilibrium (a
+    custom autograd function inside the graph), and a batch with another number of masked tokens (the dynamic
+    size)."""
     cfg = ElasticBertConfig(
         vocab_size=400, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, intermediate_size=64,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, max_position_embeddings=64,
+        hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, max_position_embeddings=64,
     )  # fmt: skip
     torch.manual_seed(0)
     eager = ElasticBertForPreTraining(cfg).train()
@@ -51,6 +53,7 @@ def test_the_compiled_model_computes_the_eager_losses_and_gradients():
         outs = []
         for model in (eager, compiled):
             model.zero_grad(set_to_none=True)
+            torch.manual_seed(100 + seed)
             out = model(**batch, active_exits=exits, gradient_equilibrium=True)
             out.loss.backward()
             outs.append((out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
