@@ -1,21 +1,25 @@
 # The two commands: `make test` and `make demo`. Both create .venv on first use.
-# GPU users: create .venv yourself, install the CUDA build of torch first, then run `make install`.
+# `make install` installs the torch build whose kernels cover this node's GPUs first (common/torch_build.py reads
+# `nvidia-smi --query-gpu=compute_cap`: V100 -> the CUDA 12.6 build, Turing and newer -> CUDA 13.0, no GPU -> CPU;
+# TORCH_CUDA=cu126|cu130|cpu overrides), replacing a torch of another build; `make torch-plan` prints the choice.
 PYTHON ?= python3
 VENV ?= .venv
-TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint format demo bench clean
+.PHONY: install torch-plan test lint format demo bench clean
 
 $(STAMP): setup.py constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	cmd=$$($(PYTHON) -m common.torch_build plan --python $(PY)) && if [ -n "$$cmd" ]; then $$cmd -q; fi
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
+
+torch-plan:
+	@$(PYTHON) -m common.torch_build plan
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -198,9 +198,17 @@ def early_exit_ratios(device: str, quick: bool) -> list[dict]:
     return rows
 
 
-def test_results(junit: Path | None) -> dict:
-    if junit is None or not junit.is_file():
+def test_results(junits: list[Path] | None) -> dict:
+    found = [j for j in junits or [] if j.is_file()]
+    if not found:
         return {}
+    cases = []
+    for junit in found:
+        cases += _cases(junit)
+    return {"cases": cases, "failed": sum(c["state"] in ("failed", "error") for c in cases)}
+
+
+def _cases(junit: Path) -> list[dict]:
     root = ET.parse(junit).getroot()
     suite = root if root.tag == "testsuite" else root.find("testsuite")
     cases = []
@@ -214,7 +222,7 @@ def test_results(junit: Path | None) -> dict:
                 break
         else:
             cases.append({"test": case.get("name"), "state": state})
-    return {"cases": cases, "failed": sum(c["state"] in ("failed", "error") for c in cases)}
+    return cases
 
 
 def environment(device: str) -> dict:
@@ -269,7 +277,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--quick", action="store_true", help="toy sizes (the CPU smoke test)")
-    ap.add_argument("--tests-junit", type=Path, default=None, help="pytest -m gpu's junit XML, folded into the report")
+    ap.add_argument(
+        "--tests-junit",
+        type=Path,
+        nargs="*",
+        default=None,
+        help="pytest -m gpu's junit XML files, folded into the report",
+    )
     ap.add_argument("--output", type=Path, required=True)
     args = ap.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # bench/gpu_check.sh OUTPUT_DIR [--cpu] — the one prepared script for a GPU at hand (≤ 8 min on one modern GPU).
 #
+#   0. tests/gpu/test_first_contact.py: `pretrain preflight` on this node, torch's fused AdamW vs FusedAdam, fp16
+#      attention without flash (a V100's kernels)                      -> OUTPUT_DIR/first_contact.{log,xml}
 #   1. the environment (torch, CUDA, device, bf16 support)            -> OUTPUT_DIR/gpu_check.json "environment"
 #   2. pytest -m gpu tests/gpu: a bf16 and an fp16 DeepSpeed step on NCCL with 1 process, save -> load -> continue
 #      equal to an uninterrupted run, early-exit predictions equal between CPU and GPU
@@ -34,9 +36,13 @@ fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 status=0
-"$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu --junitxml "$OUT/gpu_tests.xml" 2>&1 | tee "$OUT/gpu_tests.log" \
-  || status=$?
-"$PY" bench/gpu_bench.py "${BENCH_ARGS[@]}" --tests-junit "$OUT/gpu_tests.xml" --output "$OUT" 2>&1 \
+# 0. first contact: the node's preflight (GPUs, torch build, precision), the default optimizer's kernel, attention
+#    without flash in fp16 (as on a V100) — first, so a broken build is named before anything else runs
+"$PY" -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu/test_first_contact.py --junitxml "$OUT/first_contact.xml" \
+  2>&1 | tee "$OUT/first_contact.log" || status=$?
+"$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu --ignore tests/gpu/test_first_contact.py \
+  --junitxml "$OUT/gpu_tests.xml" 2>&1 | tee "$OUT/gpu_tests.log" || status=$?
+"$PY" bench/gpu_bench.py "${BENCH_ARGS[@]}" --tests-junit "$OUT/first_contact.xml" "$OUT/gpu_tests.xml" --output "$OUT" 2>&1 \
   | tee "$OUT/gpu_bench.log" || status=$?
 echo "gpu_check: $(($(date +%s) - START)) s, report in $OUT/gpu_check.md (exit $status)"
 exit "$status"

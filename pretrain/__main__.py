@@ -1,4 +1,4 @@
-"""`python -m pretrain {train,export,build-index,check-config,convert-universal}` (console script:
+"""`python -m pretrain {train,preflight,export,build-index,check-config,convert-universal}` (console script:
 `elasticbert-pretrain`).
 
 Exit codes: 0 done; 2 bad input (config, data, run directory in use, incompatible or corrupt checkpoint: any
@@ -51,6 +51,10 @@ EXPORT_HELP = "DeepSpeed checkpoint -> Hugging Face directory (safetensors + tok
 BUILD_INDEX_HELP = "verify the data and cache the sample indexes offline (no process group)"
 CHECK_CONFIG_HELP = "validate a run config (+ DeepSpeed JSON) and print the resolved form"
 CONVERT_UNIVERSAL_HELP = "convert a checkpoint for a resume at another world size"
+PREFLIGHT_HELP = (
+    "check this node before training (GPUs, torch build, precision, data, run directory, versions alike on every "
+    "node): once per node, with the train command's arguments (slurm/pretrain_base.sh runs it; EB_PREFLIGHT=0 skips)"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,6 +78,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     _verify_argument(t, "resuming")
     t.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+
+    f = add_command(sub, "preflight", cmd_preflight, PREFLIGHT_HELP)
+    _config_args(f)
+    add_output(f, "the run directory the training will use", metavar="RUN")
+    f.add_argument("--ds-config", default=None, help="DeepSpeed JSON (default: train.ds_config of the run config)")
 
     e = add_command(sub, "export", cmd_export, EXPORT_HELP)
     e.add_argument("--checkpoint", required=True, help="RUN/checkpoints")
@@ -135,6 +144,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     return train(cfg, Path(args.output), args.ds_config, args.force_resume, args.verify_checksums)
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # torch's store retries print C++ traces; we say why
+    from .preflight import preflight
+
+    return preflight(load_config(args.config, args.overrides), Path(args.output), args.ds_config)
 
 
 def cmd_export(args: argparse.Namespace) -> int:

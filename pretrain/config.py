@@ -106,6 +106,11 @@ class ExitsConfig:
 @dataclass
 class OptimConfig:
     name: Literal["adamw", "lamb"] = "adamw"  # lamb: DeepSpeed FusedLamb, CUDA and ZeRO-0 only
+    # Whose kernels run the update. auto: adamw -> torch (torch.optim.AdamW, fused on GPUs: the decoupled weight decay
+    # and bias correction of the paper's FusedAdam, no compiler needed), lamb -> deepspeed. deepspeed: DeepSpeed's
+    # FusedAdam / FusedLamb CUDA ops, JIT-built with nvcc; `pretrain preflight` builds them once per node before the
+    # launch (slurm/pretrain_base.sh), never 64 ranks at once in the first step.
+    backend: Literal["auto", "torch", "deepspeed"] = "auto"
     lr: float = 1e-3
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-6
@@ -115,6 +120,12 @@ class OptimConfig:
     decay: Literal["linear", "cosine", "constant"] = "linear"
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
+
+    def kernel_backend(self) -> Literal["torch", "deepspeed"]:
+        """`backend` with auto resolved: torch has AdamW but no LAMB."""
+        if self.backend != "auto":
+            return self.backend
+        return "deepspeed" if self.name == "lamb" else "torch"
 
     def warmup_for(self, train_steps: int) -> int:
         """Warm-up steps: `warmup_fraction` of the schedule when set, else `warmup_steps`."""
@@ -201,8 +212,9 @@ class RunConfig:
         resume; anything in the hash is refused unless forced."""
         d = self.to_dict()
         skip_data = ("num_workers", "index_cache_dir", "verify", "max_unk_fraction")
-        optim = {k: v for k, v in d["optim"].items() if k != "warmup_fraction"}
-        optim["warmup_steps"] = self.optim.warmup_for(self.train.train_steps)  # the schedule, however it is written
+        # the schedule, however it is written, and not whose kernels compute the same update
+        optim = {k: v for k, v in d["optim"].items() if k not in ("warmup_fraction", "backend")}
+        optim["warmup_steps"] = self.optim.warmup_for(self.train.train_steps)
         keep = {
             "model": {k: v for k, v in d["model"].items() if k != "activation_checkpointing"},
             "data": {k: v for k, v in d["data"].items() if k not in skip_data},

@@ -98,11 +98,17 @@ def fill_ds_config(
     _fill(params, "betas", [float(b) for b in o.betas], "optimizer.params", problems)
     _fill(params, "eps", float(o.eps), "optimizer.params", problems)
     _fill(params, "weight_decay", float(o.weight_decay), "optimizer.params", problems)
+    backend = o.kernel_backend()
     if o.name == "adamw":
-        # torch's AdamW on CPU skips a 46 s FusedAdam JIT build; the fused kernel on GPUs.
-        _fill(params, "torch_adam", device != "cuda", "optimizer.params", problems)
+        # torch_adam: DeepSpeed builds torch.optim.AdamW from these params (no op to JIT-build); fused=True on GPUs
+        # runs it as one multi-tensor CUDA kernel, the role FusedAdam plays (same update: tests/pretrain/test_optimizer)
+        _fill(params, "torch_adam", backend == "torch", "optimizer.params", problems)
+        if backend == "torch" and device == "cuda":
+            _fill(params, "fused", True, "optimizer.params", problems)
     else:
         params.pop("torch_adam", None)
+        if backend == "torch":
+            problems.append("optim.name=lamb has no torch implementation: set optim.backend=deepspeed (FusedLamb)")
 
     zero = ds.setdefault("zero_optimization", {"stage": 0})
     if cfg.train.zero_stage is not None:

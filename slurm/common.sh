@@ -23,6 +23,10 @@
 #                         --wait), so a step never outlives a dead rank by more than EB_STEP_WAIT + KillWait.
 #                         (--kill-on-bad-exit stays 0: with it, the first rank to exit 75 after a preemption save gets
 #                         its peers killed, and the step's status would no longer say "saved, requeue me".)
+#   eb_preflight CMD...   run CMD (`python -m pretrain preflight ARGS...`) once per node of the allocation (srun
+#                         --ntasks-per-node=1, EB_TASKS_PER_NODE/EB_NUM_NODES/NODE_RANK in its environment) before the
+#                         training launch; when it fails, stop the job (exit 1) with the failing node and its reason
+#                         as the job's last line, before any rank starts. EB_PREFLIGHT=0 skips it.
 #   eb_run_preemptible CMD...
 #                         run `eb_srun CMD...` in the background and `wait` for it (so a trapped signal is handled at
 #                         once), forward the preemption signal(s) to the step, and EXIT the batch script:
@@ -52,6 +56,7 @@
 #   EB_RANK_LOGS          1: each rank writes EB_LOG_DIR/<job name>-<job id>-r<restart>-rank<N>.log instead of the
 #                         job's output file (which then only gets these eb_log lines) [0: srun --label to the job log]
 #   EB_SRUN_ARGS          extra srun options, whitespace-separated (e.g. "--cpu-bind=none")
+#   EB_PREFLIGHT          0: skip the per-node preflight of eb_preflight [1]
 #   EB_PEER_LOST_EXIT_CODE  the trainer's "a peer rank died" exit code [5]: a failed step's summary line names the
 #                         first task that failed for another reason (srun's "NODE: task N: Killed")
 
@@ -181,6 +186,43 @@ _eb_srun_cmd() {
 eb_srun() {
   _eb_srun_cmd "$@"
   "${EB_SRUN_CMD[@]}"
+}
+
+# ---- preflight --------------------------------------------------------------------------------------------------------
+eb_preflight() {
+  if [ "${EB_PREFLIGHT:-1}" = 0 ]; then
+    eb_log "preflight skipped (EB_PREFLIGHT=0)"
+    return 0
+  fi
+  local nodes=${SLURM_JOB_NUM_NODES:-1} tpn=${SLURM_NTASKS_PER_NODE:-1} out rc=0 start=$SECONDS verdict
+  tpn=${tpn%%(*}
+  out=$(mktemp "${TMPDIR:-/tmp}/eb-preflight.XXXXXX")
+  eb_log "preflight: once on each of $nodes node(s) ($tpn task(s) per node to follow)"
+  _eb_event preflight-start "$nodes nodes"
+  # shellcheck disable=SC2016  # expanded in each task
+  srun --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 --kill-on-bad-exit=0 --wait=60 --label \
+    bash -c 'export NODE_RANK=$SLURM_NODEID EB_NUM_NODES=$1 EB_TASKS_PER_NODE=$2; shift 2; exec "$@"' \
+    eb-preflight "$nodes" "$tpn" "$@" >"$out" 2>&1 || rc=$?
+  cat "$out" >&2
+  if [ "$rc" = 0 ]; then
+    _eb_event preflight-ok "$((SECONDS - start)) s"
+    eb_log "preflight passed on $nodes node(s) in $((SECONDS - start)) s"
+    rm -f "$out"
+    return 0
+  fi
+  # the job's verdict (node 0's line), else the first node that says why, else srun's own word
+  verdict=$(sed -nE 's/^ *[0-9]+: (preflight FAILED.*)$/\1/p' "$out" | head -n1)
+  [ -n "$verdict" ] || verdict=$(sed -nE 's/^ *[0-9]+: (preflight [^ ]+: FAILED.*)$/\1/p' "$out" | head -n1)
+  if [ -z "$verdict" ]; then # the command itself refused (a config error): the first such task's lines, joined
+    local task host
+    task=$(sed -nE 's/^ *([0-9]+): .*[Ee]rror.*/\1/p' "$out" | head -n1)
+    task=${task:-0}
+    host=$(scontrol show hostnames "${SLURM_JOB_NODELIST:-}" 2>/dev/null | sed -n "$((task + 1))p")
+    verdict="preflight FAILED on ${host:-node $task} (node $task): $(sed -nE "s/^ *$task: *//p" "$out" | tr '\n' ' ')"
+  fi
+  rm -f "$out"
+  _eb_event preflight-failed "$verdict"
+  eb_die "$verdict (after $((SECONDS - start)) s; no rank started; EB_PREFLIGHT=0 skips the check)"
 }
 
 # ---- preemption / requeue -------------------------------------------------------------------------------------------

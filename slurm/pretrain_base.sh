@@ -57,4 +57,6 @@ train_args=(train --config "$CONFIG" --output "$RUN_DIR")
 
 eb_rendezvous
 eb_log_paths "$RUN_DIR"
+# every node checked in seconds (GPUs, torch build, data, run directory, versions alike) before 64 ranks start
+eb_preflight "$EB_PYTHON" -m "$PRETRAIN_MODULE" preflight "${train_args[@]:1}" "$@"
 eb_run_preemptible "$EB_PYTHON" -m "$PRETRAIN_MODULE" "${train_args[@]}" "$@"

@@ -23,6 +23,8 @@ def test_gpu_check_script_runs_on_the_cpu(tmp_path):
     states = {c["test"]: c["state"] for c in results["tests"]["cases"]}
     assert states["test_deepspeed_steps_train_and_resume_exactly[bf16-False]"] == "passed"
     assert states["test_early_exit_agrees_between_cpu_and_gpu"] == "passed"
+    assert states["test_the_preflight_passes_on_this_node"] == "passed"  # first contact runs first
+    assert "preflight ok: 1 node(s) agree" in (out / "first_contact.log").read_text()
     assert {(r["seq"], r["groups"], r["compiled"]) for r in results["pretrain"]} == {
         (32, 1, False),
         (32, 2, False),

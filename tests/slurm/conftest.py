@@ -1,7 +1,7 @@
 """A real Slurm cluster on this box for tests marked ``@pytest.mark.slurm`` (see local_cluster.sh): the host's own
-node (partition ``debug``, the default) and eight compute nodes ebnode1..8 in their own network and UTS namespaces
-(partition ``scale``: all eight; ``multi``: ebnode1/ebnode2; distinct host names and addresses, ranks talk over a
-veth/bridge network).
+node (partition ``debug``, the default) and eight compute nodes ebnode1..8 in their own network, UTS and mount
+namespaces (partition ``scale``: all eight; ``multi``: ebnode1/ebnode2; distinct host names and addresses, ranks talk
+over a veth/bridge network; ``SlurmCluster.node_mount`` changes what one node sees).
 
 The session fixture ``slurm_cluster`` starts the cluster once (installing the Debian packages if missing), and stops
 it at the end only if a pytest session started it and no other pytest session still uses it (a shared flock on
@@ -13,6 +13,7 @@ Also shared here: the tokenised tiny corpus and the single-node reference pre-tr
 ``reference_run``: session fixtures) that the single- and the multi-node tests compare against (pretrain_runs.py).
 """
 
+import contextlib
 import fcntl
 import os
 import re
@@ -96,6 +97,8 @@ KNOBS = [
     "ELASTICBERT_DATA",
     "PYTHONPATH",
     "STANDIN_MODE",
+    "STANDIN_PREFLIGHT",
+    "EB_PREFLIGHT",
     "STANDIN_FAIL_INDEX",
     "TORCH_EXTENSIONS_DIR",
 ]
@@ -136,6 +139,20 @@ class SlurmCluster:
             except OSError:
                 pass  # gone meanwhile
         return procs
+
+    @contextlib.contextmanager
+    def node_mount(self, node: str, target: Path, options: str = "size=1m"):
+        """A tmpfs mounted at `target` as NODE alone sees it (its slurmd's mount namespace, which the job's tasks
+        on that node inherit): an empty folder where the data should be, or a nearly full disk. Unmounted after."""
+        slurmd = [pid for pid, comm in self.node_processes(node).items() if comm == "slurmd"]
+        assert slurmd, f"no slurmd in {node}'s namespace"
+        enter = ["nsenter", "-t", str(slurmd[0]), "-m", "--"]
+        r = _sh(*enter, "mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target))
+        assert r.returncode == 0, f"mount on {node}: {r.stderr}"
+        try:
+            yield
+        finally:
+            _sh(*enter, "umount", "-l", str(target))
 
     def set_node_state(self, node: str, state: str, reason: str = "elasticbert test") -> None:
         extra = [f"Reason={reason}"] if state.upper() in ("DRAIN", "DOWN") else []

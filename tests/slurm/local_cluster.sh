@@ -363,11 +363,13 @@ launch() {
     munged) runuser -u munge -- munged </dev/null >>"$out" 2>&1 ;;
     slurmctld | slurmd) "$name" </dev/null >>"$out" 2>&1 ;;
     slurmd-*) # its own network namespace AND its own UTS namespace: jobs there see hostname=ebnodeI, which
-      # resolves (/etc/hosts) to the node's own address, so gloo/torch bind where the other nodes can reach them
+      # resolves (/etc/hosts) to the node's own address, so gloo/torch bind where the other nodes can reach them.
+      # And its own mount namespace (a slave of the host's: the host's mounts still appear in it), so a test can
+      # change what ONE node sees (`nsenter -t SLURMD_PID -m mount ...`: a missing data mount, a full disk).
       n=${name#slurmd-}
       # shellcheck disable=SC2016  # $1 expands in the inner sh
-      nsenter --net="/run/netns/$n" -- unshare --uts -- sh -c 'hostname "$1" && exec slurmd -N "$1"' sh "$n" \
-        </dev/null >>"$out" 2>&1
+      nsenter --net="/run/netns/$n" -- unshare --uts --mount --propagation slave -- \
+        sh -c 'hostname "$1" && exec slurmd -N "$1"' sh "$n" </dev/null >>"$out" 2>&1
       ;;
   esac
 }

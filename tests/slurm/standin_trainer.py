@@ -5,7 +5,8 @@ It checks the CLI/env contract of the launch scripts and plays the preemption pr
   `preempted.rank<R>` and exit 75 (EX_TEMPFAIL: "saved a checkpoint because of preemption, please requeue");
   a restart (SLURM_RESTART_COUNT >= 1 or the marker present): write `done.rank<R>`, exit 0.
 STANDIN_MODE=exit:N makes it exit N at once instead. Every start appends a JSON line to <output>/starts.jsonl
-(`--output`: the run directory of pretrain, the output directory of finetune).
+(`--output`: the run directory of pretrain, the output directory of finetune). `preflight` (pretrain's per-node check)
+records its call in <output>/preflight.jsonl and passes, or fails on the node STANDIN_PREFLIGHT=fail:NODE_RANK names.
 """
 
 import argparse
@@ -28,7 +29,14 @@ def main() -> int:
     t.add_argument("--seed", type=int)
     t.add_argument("--model")
     t.add_argument("--data-dir")
+    f = sub.add_parser("preflight")  # pretrain's per-node check: record who ran it, with what, where
+    f.add_argument("--config")
+    f.add_argument("--output")
+    f.add_argument("--ds-config")
+    f.add_argument("--set", action="append", default=[])
     a, rest = p.parse_known_args()
+    if a.cmd == "preflight":
+        return preflight(a)
     run_dir = a.output
     if not run_dir:
         p.error("--output is required (pretrain's run directory, finetune's output directory)")
@@ -86,6 +94,20 @@ def main() -> int:
         f.write(signal.Signals(got[0]).name)
     print(f"rank {rank}: got {signal.Signals(got[0]).name}, saved, exiting 75", flush=True)
     return 75
+
+
+def preflight(a: argparse.Namespace) -> int:
+    """Append this node's call to <output>/preflight.jsonl; STANDIN_PREFLIGHT=fail:NODE_RANK fails that node."""
+    os.makedirs(a.output, exist_ok=True)
+    keys = ("NODE_RANK", "EB_NUM_NODES", "EB_TASKS_PER_NODE", "SLURM_JOB_ID", "SLURM_RESTART_COUNT")
+    rec = {"host": os.uname().nodename, "argv": sys.argv[1:], **{k: os.environ.get(k) for k in keys}}
+    with open(os.path.join(a.output, "preflight.jsonl"), "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    if os.environ.get("STANDIN_PREFLIGHT") == f"fail:{os.environ.get('NODE_RANK')}":
+        print(f"preflight {rec['host']}: FAILED: data: standin failure", flush=True)
+        return 2
+    print(f"preflight {rec['host']}: ok", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

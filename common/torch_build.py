@@ -1,0 +1,256 @@
+"""Which torch build a node's GPUs need, and whether the installed one has their kernels.
+
+A torch wheel carries compiled kernels (SASS) for a list of GPU architectures, plus PTX for the newest, which the
+driver can compile for a later GPU. What the pinned torch (2.13) offers, from the PyTorch release matrix
+(RELEASE.md of 2.11-2.14, pytorch/pytorch#172352):
+
+  cu126  CUDA 12.6: sm_50 ... sm_90 — the only 2.11-2.14 build that still has Volta (sm_70, V100) and the other
+         pre-Turing GPUs; driver >= 525 (CUDA 12 minor-version compatibility). RFC #190385 drops it in 2.15, so torch
+         <= 2.14 is the last that runs V100s.
+  cu130  CUDA 13.0, the default wheel on PyPI: sm_75 (Turing) and newer; driver >= 580.
+  cpu    no GPU.
+
+`plan_build` picks one from the capabilities `nvidia-smi --query-gpu=compute_cap` reports (the oldest GPU decides on
+a mixed node) and the driver version; `python -m common.torch_build plan` prints it with the pip command that
+installs it (the Makefile's `install` runs that command). At run time `build_problem` refuses a torch whose
+kernels do not cover the GPU before any rank starts work: on a V100 the CUDA 13 build would otherwise fail at the
+first kernel with "no kernel image is available for execution on the device", after every rank had imported and
+rendezvoused.
+
+Standard library only, and torch is imported inside the one function that reads the running build: the Makefile runs
+this file with the system Python before any virtual environment exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from .errors import UserError
+
+TORCH_VERSION = "2.13.0"  # the version constraints.txt's stack was tested with (installed first, on its own)
+WHEEL_INDEX = "https://download.pytorch.org/whl"
+SM70 = (7, 0)
+
+
+@dataclass(frozen=True)
+class Build:
+    """One torch build of the pinned version: the GPUs it has kernels for and the driver it needs."""
+
+    name: str
+    cuda: str | None  # torch.version.cuda of the build
+    min_capability: tuple[int, int] | None  # oldest GPU with kernels in it (None: no GPU code at all)
+    min_driver: int | None  # the NVIDIA driver's major version it needs
+
+    def pip_command(self, python: str = "python", version: str = TORCH_VERSION) -> list[str]:
+        return [python, "-m", "pip", "install", f"torch=={version}", "--index-url", f"{WHEEL_INDEX}/{self.name}"]
+
+
+BUILDS = {
+    "cu126": Build("cu126", "12.6", (5, 0), 525),
+    "cu130": Build("cu130", "13.0", (7, 5), 580),
+    "cpu": Build("cpu", None, None, None),
+}
+
+
+@dataclass(frozen=True)
+class GpuInventory:
+    """What `nvidia-smi` says about this node: one compute capability per GPU and the driver version."""
+
+    capabilities: tuple[tuple[int, int], ...] = ()
+    driver: str = ""
+
+    @property
+    def driver_major(self) -> int | None:
+        head = self.driver.split(".")[0]
+        return int(head) if head.isdigit() else None
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    build: Build
+    reason: str
+
+
+def parse_capability(text: str) -> tuple[int, int]:
+    """'7.0' -> (7, 0); anything else is a ValueError that names the text."""
+    major, _, minor = text.strip().partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        raise ValueError(f"not a compute capability: {text.strip()!r} (want MAJOR.MINOR, e.g. 7.0)")
+    return int(major), int(minor)
+
+
+def query_gpus(nvidia_smi: str = "nvidia-smi") -> GpuInventory:
+    """The node's GPUs from `nvidia-smi` (an empty inventory when it is missing or finds no GPU)."""
+    exe = shutil.which(nvidia_smi)
+    if exe is None:
+        return GpuInventory()
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=compute_cap,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return GpuInventory()
+    if out.returncode != 0:
+        return GpuInventory()
+    rows = [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
+    caps = tuple(parse_capability(r[0]) for r in rows)
+    return GpuInventory(caps, rows[0][1] if rows and len(rows[0]) > 1 else "")
+
+
+def plan_build(gpus: GpuInventory, override: str | None = None) -> BuildPlan:
+    """The build whose kernels cover every GPU of the node (`override`: cu126 | cu130 | cpu | auto)."""
+    if override and override != "auto":
+        if override not in BUILDS:
+            raise ValueError(f"TORCH_CUDA={override!r}: want one of {', '.join([*BUILDS, 'auto'])}")
+        return BuildPlan(BUILDS[override], f"TORCH_CUDA={override}")
+    if not gpus.capabilities:
+        return BuildPlan(BUILDS["cpu"], "no NVIDIA GPU found (nvidia-smi missing or lists none)")
+    oldest = min(gpus.capabilities)
+    shown = ", ".join(sorted({f"{a}.{b}" for a, b in gpus.capabilities}))
+    if oldest < BUILDS["cu126"].min_capability:  # type: ignore[operator]
+        raise ValueError(f"GPU compute capability {oldest[0]}.{oldest[1]}: no torch {TORCH_VERSION} build has kernels")
+    if oldest < BUILDS["cu130"].min_capability:  # type: ignore[operator]
+        return BuildPlan(BUILDS["cu126"], f"compute capability {shown}: sm_70 (V100) is only in the CUDA 12.6 build")
+    driver = gpus.driver_major
+    if driver is not None and driver < BUILDS["cu130"].min_driver:  # type: ignore[operator]
+        return BuildPlan(
+            BUILDS["cu126"], f"compute capability {shown}, but driver {gpus.driver} < 580 (CUDA 13 needs 580)"
+        )
+    return BuildPlan(BUILDS["cu130"], f"compute capability {shown}: the default CUDA 13.0 build")
+
+
+def arch_covers(capability: tuple[int, int], arch_list: list[str]) -> bool:
+    """Whether a torch build compiled for `arch_list` (torch.cuda.get_arch_list(): 'sm_70', 'compute_90', ...) runs on
+    a GPU of `capability`: SASS of the same major and a minor no newer (sm_80 runs on 8.6), or PTX no newer than the
+    GPU (the driver compiles it)."""
+    major, minor = capability
+    for arch in arch_list:
+        kind, _, digits = arch.partition("_")
+        if not digits.isdigit() or len(digits) < 2:
+            continue
+        a_major, a_minor = int(digits[:-1]), int(digits[-1])
+        if kind == "sm" and a_major == major and a_minor <= minor:
+            return True
+        if kind == "compute" and (a_major, a_minor) <= (major, minor):
+            return True
+    return False
+
+
+def build_problem(
+    capability: tuple[int, int], arch_list: list[str], torch_cuda: str | None, driver_cuda: tuple[int, int] | None
+) -> str | None:
+    """Why this torch cannot run on this GPU (None when it can), as one line with the fix.
+
+    `driver_cuda` is the CUDA version the driver supports (torch._C._cuda_getDriverVersion, e.g. (12, 4)); a driver of
+    an older major than the build's CUDA cannot load it (CUDA's minor-version compatibility stops at the major)."""
+    cap = f"{capability[0]}.{capability[1]}"
+    fix = plan_build(GpuInventory((capability,)))
+    install = f"TORCH_CUDA={fix.build.name} make install ({' '.join(fix.build.pip_command()[1:])})"
+    if torch_cuda is None:
+        return f"this torch is a CPU build and the node has a GPU of compute capability {cap}: {install}"
+    if not arch_covers(capability, arch_list):
+        have = " ".join(arch_list) or "none"
+        return (
+            f"torch {_torch_version()} (CUDA {torch_cuda}) has no kernels for compute capability {cap} (it has: "
+            f"{have}); every CUDA kernel would fail with 'no kernel image is available': {install}"
+        )
+    if driver_cuda is not None and driver_cuda[0] < int(torch_cuda.split(".")[0]):
+        return (
+            f"the NVIDIA driver supports CUDA {driver_cuda[0]}.{driver_cuda[1]}, older than this torch's CUDA "
+            f"{torch_cuda}: update the driver, or install the CUDA 12.6 build (TORCH_CUDA=cu126 make install)"
+        )
+    return None
+
+
+def _torch_version() -> str:
+    torch = sys.modules.get("torch")
+    return getattr(torch, "__version__", "?")
+
+
+def running_build_problem(local_rank: int = 0) -> str | None:
+    """`build_problem` for the GPU this rank will use and the torch that is running (None on a machine without a
+    visible CUDA GPU, or when the build covers it). Reads device properties only: no CUDA context is created."""
+    import torch
+
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        if torch.version.cuda is not None and query_gpus().capabilities:
+            return (
+                f"nvidia-smi lists GPUs but torch {torch.__version__} (CUDA {torch.version.cuda}) cannot use them: "
+                "the driver is likely older than this build needs (CUDA 13 needs driver >= 580): update it or "
+                "install the CUDA 12.6 build (TORCH_CUDA=cu126 make install)"
+            )
+        return None
+    props = torch.cuda.get_device_properties(local_rank % torch.cuda.device_count())
+    driver = torch._C._cuda_getDriverVersion()  # e.g. 12040
+    driver_cuda = (driver // 1000, driver % 1000 // 10) if driver else None
+    return build_problem((props.major, props.minor), torch.cuda.get_arch_list(), torch.version.cuda, driver_cuda)
+
+
+def installed_build(python: str) -> tuple[str, str | None] | None:
+    """(torch version, torch.version.cuda) of the torch that `python` imports; None when it has none."""
+    probe = "import torch; print(torch.__version__); print(torch.version.cuda)"
+    try:
+        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120)
+    except OSError:
+        return None
+    lines = out.stdout.split()
+    if out.returncode != 0 or len(lines) != 2:
+        return None
+    return lines[0], None if lines[1] == "None" else lines[1]
+
+
+class TorchBuildError(UserError):
+    """The installed torch cannot run on this node's GPU (refused before any rank starts work)."""
+
+
+def require_runnable_build(local_rank: int = 0) -> None:
+    """Raise `TorchBuildError` (one line, with the install command that fixes it) when `running_build_problem`."""
+    problem = running_build_problem(local_rank)
+    if problem:
+        raise TorchBuildError(problem)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m common.torch_build plan [--python PY]`: the torch build this node needs and why, and the pip
+    command that installs it; with --python, only the command for that interpreter, or nothing when that interpreter
+    already has the planned build (what `make install` runs)."""
+    ap = argparse.ArgumentParser(prog="python -m common.torch_build", description=main.__doc__)
+    ap.add_argument("command", choices=["plan"])
+    ap.add_argument("--python", default=None, help="print only the pip command for this interpreter")
+    args = ap.parse_args(argv)
+    try:
+        plan = plan_build(query_gpus(), os.environ.get("TORCH_CUDA"))
+    except ValueError as e:
+        print(f"torch_build: error: {e}", file=sys.stderr)
+        return 2
+    version = os.environ.get("TORCH_VERSION", TORCH_VERSION)
+    if args.python:
+        have = installed_build(args.python)
+        if have is not None and have[0].split("+")[0] == version and have[1] == plan.build.cuda:
+            print(f"torch_build: {args.python} has torch {have[0]}, the {plan.build.name} build: kept", file=sys.stderr)
+            return 0
+        if have is not None:
+            print(
+                f"torch_build: {args.python} has torch {have[0]} (CUDA {have[1]}); this node needs the "
+                f"{plan.build.name} build ({plan.reason}): replacing it",
+                file=sys.stderr,
+            )
+    command = plan.build.pip_command(args.python or "python", version)
+    if args.python:
+        print(" ".join(command))
+    else:
+        print(f"torch build: {plan.build.name} ({plan.reason})")
+        print(f"install: {' '.join(command)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

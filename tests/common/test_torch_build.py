@@ -1,0 +1,149 @@
+"""The torch build a node gets (`make install` / `make torch-plan`, common/torch_build.py), driven by a stub
+`nvidia-smi` on PATH: the command it would run is checked, nothing is downloaded. And the run-time refusal of a build
+whose kernels do not cover the GPU, driven through the capability / arch-list / driver values the check reads."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.torch_build import (
+    BUILDS,
+    GpuInventory,
+    arch_covers,
+    build_problem,
+    installed_build,
+    parse_capability,
+    plan_build,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+INDEX = "https://download.pytorch.org/whl"
+# torch.cuda.get_arch_list() of the 2.13 builds (RELEASE.md matrix)
+CU126_ARCHES = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
+CU130_ARCHES = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"]
+
+
+def stub_bin(tmp_path: Path, rows: list[str] | None) -> Path:
+    """A directory holding a fake `nvidia-smi` that prints `rows` for --query-gpu (None: no nvidia-smi at all; an
+    empty list: it runs but finds no GPU, exit 9 as the real one does)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if rows is not None:
+        body = "".join(f"echo '{row}'\n" for row in rows)  # shell builtins only: PATH holds nothing else
+        code = 0 if rows else 9
+        script = bin_dir / "nvidia-smi"
+        script.write_text(f"#!/bin/sh\n{body}exit {code}\n")
+        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    for tool in ("make", "sh", "python3"):  # what the Makefile target needs, and nothing else from the real PATH
+        os.symlink(shutil.which(tool) if tool != "python3" else sys.executable, bin_dir / tool)
+    return bin_dir
+
+
+def make_plan(tmp_path: Path, rows: list[str] | None, **env: str) -> str:
+    bin_dir = stub_bin(tmp_path, rows)
+    run_env = {"PATH": str(bin_dir), "HOME": str(tmp_path), **env}
+    out = subprocess.run(
+        ["make", "-s", "-C", str(REPO), "torch-plan"], env=run_env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@pytest.mark.parametrize(
+    "rows, build",
+    [
+        (["7.0, 535.104.05"] * 8, "cu126"),  # the users' V100 nodes
+        (["8.0, 580.65.06"] * 8, "cu130"),  # A100
+        (["9.0, 590.10"], "cu130"),  # H100/H200
+        (None, "cpu"),  # no nvidia-smi
+        ([], "cpu"),  # nvidia-smi finds no GPU
+        (["8.0, 575.51", "7.0, 575.51"], "cu126"),  # a mixed node: the oldest GPU decides
+        (["8.6, 550.54.15"], "cu126"),  # Ampere with a driver too old for CUDA 13
+    ],
+    ids=["v100", "a100", "h100", "no-nvidia-smi", "no-gpu", "mixed-node", "old-driver"],
+)
+def test_make_torch_plan_picks_the_build_whose_kernels_cover_the_node(tmp_path, rows, build):
+    out = make_plan(tmp_path, rows)
+    assert f"torch build: {build} " in out
+    assert f"install: python -m pip install torch==2.13.0 --index-url {INDEX}/{build}" in out
+
+
+def test_the_override_wins_and_a_wrong_one_is_named(tmp_path):
+    assert "torch build: cu130 (TORCH_CUDA=cu130)" in make_plan(tmp_path, ["7.0, 535.1"], TORCH_CUDA="cu130")
+    (tmp_path / "bad").mkdir()
+    bin_dir = stub_bin(tmp_path / "bad", None)
+    bad = subprocess.run(
+        ["make", "-s", "-C", str(REPO), "torch-plan"],
+        env={"PATH": str(bin_dir), "TORCH_CUDA": "cu121"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode != 0
+    assert "TORCH_CUDA='cu121': want one of cu126, cu130, cpu, auto" in bad.stderr
+
+
+def test_a_gpu_older_than_every_build_is_refused():
+    with pytest.raises(ValueError, match="capability 3.7: no torch 2.13.0 build"):
+        plan_build(GpuInventory(((3, 7),), "470.1"))
+    with pytest.raises(ValueError, match="not a compute capability: '7'"):
+        parse_capability("7")
+
+
+def test_the_install_command_for_the_venv_keeps_a_matching_torch_and_replaces_another(tmp_path):
+    """What `make install` runs: nothing when the venv's torch is already the planned build, else the pip line."""
+    this = installed_build(sys.executable)
+    assert this is not None and this[1] is None  # the CPU build in CI
+    env = {**os.environ, "PATH": str(stub_bin(tmp_path, None))}
+    run = [sys.executable, "-m", "common.torch_build", "plan", "--python", sys.executable]
+    kept = subprocess.run(run, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert kept.returncode == 0 and kept.stdout == "", kept.stdout
+    assert "the cpu build: kept" in kept.stderr
+    replaced = subprocess.run(run, cwd=REPO, env={**env, "TORCH_CUDA": "cu126"}, capture_output=True, text=True)
+    assert replaced.stdout.strip() == f"{sys.executable} -m pip install torch==2.13.0 --index-url {INDEX}/cu126"
+    assert "needs the cu126 build" in replaced.stderr
+
+
+@pytest.mark.parametrize(
+    "capability, arches, covered",
+    [
+        ((7, 0), CU126_ARCHES, True),
+        ((7, 0), CU130_ARCHES, False),  # the documented trap: the PyPI default on a V100
+        ((8, 6), ["sm_80"], True),  # same major, newer minor: binary compatible
+        ((8, 0), ["sm_86"], False),
+        ((10, 0), ["sm_90", "compute_90"], True),  # PTX compiled by the driver
+        ((10, 0), ["sm_90"], False),
+        ((9, 0), [], False),
+    ],
+)
+def test_arch_coverage(capability, arches, covered):
+    assert arch_covers(capability, arches) is covered
+
+
+def test_a_build_without_the_gpus_kernels_is_refused_in_one_line_with_the_fix():
+    problem = build_problem((7, 0), CU130_ARCHES, "13.0", (13, 0))
+    assert problem is not None and "\n" not in problem
+    assert "no kernels for compute capability 7.0" in problem
+    assert "TORCH_CUDA=cu126 make install" in problem and f"{INDEX}/cu126" in problem
+    assert build_problem((7, 0), CU126_ARCHES, "12.6", (12, 8)) is None
+    assert build_problem((9, 0), CU130_ARCHES, "13.0", (13, 0)) is None
+    old_driver = build_problem((9, 0), CU130_ARCHES, "13.0", (12, 4))
+    assert old_driver is not None and "driver supports CUDA 12.4, older than this torch's CUDA 13.0" in old_driver
+    cpu_build = build_problem((9, 0), [], None, None)
+    assert cpu_build is not None and "CPU build" in cpu_build and "TORCH_CUDA=cu130" in cpu_build
+
+
+def test_every_build_of_the_table_is_in_the_readmes_gpu_section():
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## GPU nodes") :]
+    for name, build in BUILDS.items():
+        assert f"`{name}`" in section
+        assert f"--index-url {INDEX}/{name}" in section or name != "cu126"
+    assert " ".join(BUILDS["cu126"].pip_command("pip")[1:]).replace("-m pip ", "") in section
