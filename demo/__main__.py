@@ -28,11 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.dist import free_port
-from demo.data import HOW_TO_GET_REAL_DATA, demo_data
+from demo.data import HOW_TO_GET_REAL_DATA, DemoData, demo_data
 from elasticbert import minilm_dir
 
 REPO = Path(__file__).resolve().parents[1]
 PRETRAIN_CONFIG = "configs/tiny_cpu.yaml"  # with its ds_configs/ JSON: checkout files, not package data
+TASK = "SST-2"  # the fine-tuning task of the demo (GLUE SST-2, or its toy stand-in)
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,57 @@ def stage_pretrain(scale: Scale, data: Path, run_dir: Path, logs: Path) -> dict:
     return {"preempted_after_step": saved_at, "steps": max(r["step"] for r in records), "records": records}
 
 
-def main(argv: list[str] | None = None) -> None:
+def stage_data(data_source: DemoData, out: Path) -> tuple[Path, dict]:
+    """1. data_prep: tokenize (2 workers) and verify the demo corpus."""
+    if data_source.is_toy:
+        print(
+            f"\ndemo: WARNING: no real data here — running on TOY data, so the scores below mean nothing; "
+            f"{HOW_TO_GET_REAL_DATA}",
+            flush=True,
+        )
+    inputs, source = data_source.corpus, data_source.corpus_source
+    say("1 data_prep", f"tokenising {source} with the bert-base-uncased vocab (MiniLM package), 2 workers")
+    data = out / "data"
+    vocab = str(minilm_dir() / "vocab.txt")
+    tokenize = ["tokenize", *inputs, "--output", str(data), "--tokenizer", vocab, "--workers", "2"]
+    run([sys.executable, "-m", "data_prep", *tokenize, "--valid-fraction", "0.05", "--no-progress"])
+    run([sys.executable, "-m", "data_prep", "verify", str(data)])
+    manifest = json.loads((data / "manifest.json").read_text())
+    return data, {"source": source, "totals": manifest.get("totals")}
+
+
+def stage_finetune(scale: Scale, hf: Path, data_source: DemoData, out: Path, logs: Path) -> Path:
+    """4. fine-tuning: 2ST, MHA exits at every layer, ACL-CL with ACL-Grad."""
+    say("4 finetune", f"2ST fine-tuning with MHA exits at every layer and ACL-CL on {data_source.task_source}")
+    ft = out / "finetune"
+    args = ["train", "--model", str(hf), "--task", TASK, "--data-dir", data_source.glue_dir, "--output", str(ft)]
+    args += ["--exits", "all", "--exit-type", "mha", "--method", "2st", "--objective", "acl-cl", "--acl-grad"]
+    args += ["--max-train-examples", str(scale.train_examples), "--max-dev-examples", str(scale.dev_examples)]
+    args += ["--max-length", "64", "--epochs", str(scale.epochs), "--lr", "1e-4", "--exit-lr", "2e-3"]
+    args += ["--batch-size", "16", "--no-progress", "--seed", "1"]
+    run([sys.executable, "-m", "finetune", *args], log=logs / "finetune.log")
+    return ft
+
+
+def stage_early_exit(scale: Scale, ft: Path, data_source: DemoData, out: Path, logs: Path) -> dict:
+    """5. entropy and patience sweeps, then the ELUE score against the model's own static curve."""
+    say(
+        "5 early exit",
+        "entropy and patience sweeps on the dev set: score vs FLOPs, measured speed-ups, ELUE score "
+        "against this model's own static per-layer curve",
+    )
+    ee = out / "early_exit"
+    for strategy, sweep in (("entropy", "0.05,0.2,0.4,0.6"), ("patience", "1,2,3,4")):
+        args = ["early-exit", "--model", str(ft / "best"), "--task", TASK, "--data-dir", data_source.glue_dir]
+        args += ["--strategy", strategy, "--sweep", sweep, "--max-examples", str(scale.dev_examples)]
+        run([sys.executable, "-m", "finetune", *args, "--output", str(ee)], log=logs / "early_exit.log")
+    sweep_json = str(next(ee.glob("early_exit_*.json")))  # static curve + every operating point of both sweeps
+    score = ["elue-score", "--baseline", sweep_json, "--points", sweep_json, "--output", str(ee / "elue_score.json")]
+    run([sys.executable, "-m", "finetune", *score], log=logs / "early_exit.log")
+    return json.loads((ee / "elue_score.json").read_text())
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", default=os.environ.get("DEMO_SCALE", "small"), choices=sorted(SCALES))
     parser.add_argument(
@@ -183,7 +234,12 @@ def main(argv: list[str] | None = None) -> None:
         default=os.environ.get("DEMO_OUT", "demo_out"),
         help="report folder (default: $DEMO_OUT or %(default)s); must be empty or absent",
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Every stage in order, each a function above; the report folder is printed on the last line."""
+    args = parse_args(argv)
     if not (REPO / PRETRAIN_CONFIG).is_file():
         sys.exit(
             f"demo: {REPO / PRETRAIN_CONFIG} not found: the demo runs from a checkout of the repository (its configs/ "
@@ -196,149 +252,22 @@ def main(argv: list[str] | None = None) -> None:
     logs = out / "logs"
     logs.mkdir(parents=True)
     started = time.time()
-    py = sys.executable
-    summary: dict = {"scale": args.scale}
 
     # 1. data: ../shared/data, else the Hugging Face hub (cached), else a labelled toy fallback
     data_source = demo_data(out, scale.books, scale.train_examples)
-    summary["data_origin"] = data_source.origin
-    if data_source.is_toy:
-        print(
-            f"\ndemo: WARNING: no real data here — running on TOY data, so the scores below mean nothing; "
-            f"{HOW_TO_GET_REAL_DATA}",
-            flush=True,
-        )
-    inputs, source = data_source.corpus, data_source.corpus_source
-    say("1 data_prep", f"tokenising {source} with the bert-base-uncased vocab (MiniLM package), 2 workers")
-    data = out / "data"
-    vocab = str(minilm_dir() / "vocab.txt")
-    run(
-        [
-            py,
-            "-m",
-            "data_prep",
-            "tokenize",
-            *inputs,
-            "--output",
-            str(data),
-            "--tokenizer",
-            vocab,
-            "--workers",
-            "2",
-            "--valid-fraction",
-            "0.05",
-            "--no-progress",
-        ]
-    )
-    run([py, "-m", "data_prep", "verify", str(data)])
-    manifest = json.loads((data / "manifest.json").read_text())
-    summary["data"] = {"source": source, "totals": manifest.get("totals")}
-
+    summary: dict = {"scale": args.scale, "data_origin": data_source.origin}
+    data, summary["data"] = stage_data(data_source, out)
     # 2-3. pre-training with a preemption, then export
     pre = stage_pretrain(scale, data, out / "pretrain", logs)
     summary["pretrain"] = {k: v for k, v in pre.items() if k != "records"}
     say("3 export", "DeepSpeed checkpoint → Hugging Face directory (safetensors + tokenizer)")
     hf = out / "elasticbert-demo"
-    run([py, "-m", "pretrain", "export", "--checkpoint", str(out / "pretrain" / "checkpoints"), "--output", str(hf)])
-
-    # 4. fine-tuning: 2ST, MHA exits, ACL-CL
-    task, glue_dir, task_source = "SST-2", data_source.glue_dir, data_source.task_source
-    say("4 finetune", f"2ST fine-tuning with MHA exits at every layer and ACL-CL on {task_source}")
-    ft = out / "finetune"
-    run(
-        [
-            py,
-            "-m",
-            "finetune",
-            "train",
-            "--model",
-            str(hf),
-            "--task",
-            task,
-            "--data-dir",
-            glue_dir,
-            "--output",
-            str(ft),
-            "--exits",
-            "all",
-            "--exit-type",
-            "mha",
-            "--method",
-            "2st",
-            "--objective",
-            "acl-cl",
-            "--acl-grad",
-            "--max-train-examples",
-            str(scale.train_examples),
-            "--max-dev-examples",
-            str(scale.dev_examples),
-            "--max-length",
-            "64",
-            "--epochs",
-            str(scale.epochs),
-            "--lr",
-            "1e-4",
-            "--exit-lr",
-            "2e-3",
-            "--batch-size",
-            "16",
-            "--no-progress",
-            "--seed",
-            "1",
-        ],
-        log=logs / "finetune.log",
-    )
+    checkpoints = str(out / "pretrain" / "checkpoints")
+    run([sys.executable, "-m", "pretrain", "export", "--checkpoint", checkpoints, "--output", str(hf)])
+    # 4-5. fine-tuning, early exit + ELUE
+    ft = stage_finetune(scale, hf, data_source, out, logs)
     summary["finetune"] = json.loads((ft / "dev_scores.json").read_text())
-
-    # 5. early exit + ELUE
-    say(
-        "5 early exit",
-        "entropy and patience sweeps on the dev set: score vs FLOPs, measured speed-ups, ELUE score "
-        "against this model's own static per-layer curve",
-    )
-    ee = out / "early_exit"
-    for strategy, sweep in (("entropy", "0.05,0.2,0.4,0.6"), ("patience", "1,2,3,4")):
-        run(
-            [
-                py,
-                "-m",
-                "finetune",
-                "early-exit",
-                "--model",
-                str(ft / "best"),
-                "--task",
-                task,
-                "--data-dir",
-                glue_dir,
-                "--strategy",
-                strategy,
-                "--sweep",
-                sweep,
-                "--max-examples",
-                str(scale.dev_examples),
-                "--output",
-                str(ee),
-            ],
-            log=logs / "early_exit.log",
-        )
-    sweep_json = str(next(ee.glob("early_exit_*.json")))  # static curve + every operating point of both sweeps
-    run(
-        [
-            py,
-            "-m",
-            "finetune",
-            "elue-score",
-            "--baseline",
-            sweep_json,
-            "--points",
-            sweep_json,
-            "--output",
-            str(ee / "elue_score.json"),
-        ],
-        log=logs / "early_exit.log",
-    )
-    summary["early_exit"] = json.loads((ee / "elue_score.json").read_text())
-
+    summary["early_exit"] = stage_early_exit(scale, ft, data_source, out, logs)
     # 6. report
     from demo.report import write_report
 
