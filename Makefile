@@ -12,14 +12,14 @@ STAMP := $(VENV)/.installed
 $(STAMP): setup.py constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	cmd=$$($(PYTHON) -m common.torch_build plan --python $(PY)) && if [ -n "$$cmd" ]; then $$cmd -q; fi
+	cmd=$$($(PYTHON) -m common.torch_build_cli plan --python $(PY)) && if [ -n "$$cmd" ]; then $$cmd -q; fi
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
 
 torch-plan:
-	@$(PYTHON) -m common.torch_build plan
+	@$(PYTHON) -m common.torch_build_cli plan
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -11,7 +11,7 @@ driver can compile for a later GPU. What the pinned torch (2.13) offers, from th
   cpu    no GPU.
 
 `plan_build` picks one from the capabilities `nvidia-smi --query-gpu=compute_cap` reports (the oldest GPU decides on
-a mixed node) and the driver version; `python -m common.torch_build plan` prints it with the pip command that
+a mixed node) and the driver version; `python -m common.torch_build_cli plan` prints it with the pip command that
 installs it (the Makefile's `install` runs that command). At run time `build_problem` refuses a torch whose
 kernels do not cover the GPU before any rank starts work: on a V100 the CUDA 13 build would otherwise fail at the
 first kernel with "no kernel image is available for execution on the device", after every rank had imported and
@@ -23,8 +23,6 @@ this file with the system Python before any virtual environment exists.
 
 from __future__ import annotations
 
-import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -216,41 +214,3 @@ def require_runnable_build(local_rank: int = 0) -> None:
     problem = running_build_problem(local_rank)
     if problem:
         raise TorchBuildError(problem)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m common.torch_build plan [--python PY]`: the torch build this node needs and why, and the pip
-    command that installs it; with --python, only the command for that interpreter, or nothing when that interpreter
-    already has the planned build (what `make install` runs)."""
-    ap = argparse.ArgumentParser(prog="python -m common.torch_build", description=main.__doc__)
-    ap.add_argument("command", choices=["plan"])
-    ap.add_argument("--python", default=None, help="print only the pip command for this interpreter")
-    args = ap.parse_args(argv)
-    try:
-        plan = plan_build(query_gpus(), os.environ.get("TORCH_CUDA"))
-    except ValueError as e:
-        print(f"torch_build: error: {e}", file=sys.stderr)
-        return 2
-    version = os.environ.get("TORCH_VERSION", TORCH_VERSION)
-    if args.python:
-        have = installed_build(args.python)
-        if have is not None and have[0].split("+")[0] == version and have[1] == plan.build.cuda:
-            print(f"torch_build: {args.python} has torch {have[0]}, the {plan.build.name} build: kept", file=sys.stderr)
-            return 0
-        if have is not None:
-            print(
-                f"torch_build: {args.python} has torch {have[0]} (CUDA {have[1]}); this node needs the "
-                f"{plan.build.name} build ({plan.reason}): replacing it",
-                file=sys.stderr,
-            )
-    command = plan.build.pip_command(args.python or "python", version)
-    if args.python:
-        print(" ".join(command))
-    else:
-        print(f"torch build: {plan.build.name} ({plan.reason})")
-        print(f"install: {' '.join(command)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from common.torch_build import require_runnable_build
+
 Precision = Literal["bf16", "fp16", "fp32"]
 FP16_DYNAMIC: dict[str, Any] = {
     "loss_scale": 0,  # 0 = dynamic
@@ -47,8 +49,11 @@ class DeviceCaps:
     def detect(cls, local_rank: int = 0) -> DeviceCaps:
         """The GPU this rank will use (CUDA device `local_rank`), else the CPU. Native bf16 means compute capability
         >= 8 (ROCm GPUs all have it); bf16 that torch could only emulate does not count. Reads device properties
-        only: no CUDA context is created."""
+        only: no CUDA context is created. A torch without this GPU's kernels is refused here, on every rank, before
+        anything starts (`common.torch_build`)."""
         import torch
+
+        require_runnable_build(local_rank)
 
         if not torch.cuda.is_available():
             return cls.cpu()

@@ -35,7 +35,6 @@ import torch
 from common.dist import DistEnv, resolve_env, stop_with_launcher
 from common.errors import EXIT_PREEMPTED
 from common.run_dir import RunLock, prepare_run_dir, release_inherited_locks
-from common.torch_build import require_runnable_build
 
 from .checkpoint import LATEST, read_latest
 from .checkpointer import Checkpointer, dump_weights, export_files_writer, nonfinite_weight_tensors
@@ -82,7 +81,6 @@ class Trainer:
         self.env: DistEnv = resolve_env()
         self.rank, self.world = self.env.rank, self.env.world_size
         self.group = Group(self.rank, self.world)
-        require_runnable_build(self.env.local_rank)  # a torch without this GPU's kernels: refused on every rank
         self.caps = DeviceCaps.detect(self.env.local_rank)
         self.device = self.caps.kind
         self.preempt = PreemptionFlag()

@@ -102,7 +102,7 @@ def test_the_install_command_for_the_venv_keeps_a_matching_torch_and_replaces_an
     this = installed_build(sys.executable)
     assert this is not None and this[1] is None  # the CPU build in CI
     env = {**os.environ, "PATH": str(stub_bin(tmp_path, None))}
-    run = [sys.executable, "-m", "common.torch_build", "plan", "--python", sys.executable]
+    run = [sys.executable, "-m", "common.torch_build_cli", "plan", "--python", sys.executable]
     kept = subprocess.run(run, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert kept.returncode == 0 and kept.stdout == "", kept.stdout
     assert "the cpu build: kept" in kept.stderr
@@ -143,7 +143,7 @@ def test_a_build_without_the_gpus_kernels_is_refused_in_one_line_with_the_fix():
 def test_every_build_of_the_table_is_in_the_readmes_gpu_section():
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("## GPU nodes") :]
-    for name, build in BUILDS.items():
+    for name in BUILDS:
         assert f"`{name}`" in section
         assert f"--index-url {INDEX}/{name}" in section or name != "cu126"
     assert " ".join(BUILDS["cu126"].pip_command("pip")[1:]).replace("-m pip ", "") in section
