@@ -24,10 +24,11 @@ setup(
         "tqdm",
     ],
     extras_require={
-        "train": ["deepspeed", "tensorboard", "datasets", "sentencepiece", "zstandard", "blingfire"],
+        # rensa: MinHash signatures of `data_prep dedup` (bench/dedup_libraries.py: why rensa)
+        "train": ["deepspeed", "tensorboard", "datasets", "sentencepiece", "zstandard", "blingfire", "rensa"],
         "eval": ["scikit-learn", "scipy", "matplotlib"],
         # bench/serving.py's comparison: ONNX Runtime (fp32 and int8) as a user would deploy instead
-        "bench": ["onnxruntime", "onnx"],
+        "bench": ["onnxruntime", "onnx", "datasketch"],  # datasketch: bench/dedup_libraries.py's comparison
         "dev": [
             "deepspeed",
             "tensorboard",
@@ -35,6 +36,8 @@ setup(
             "sentencepiece",
             "zstandard",
             "blingfire",
+            "rensa",
+            "datasketch",
             "scikit-learn",
             "scipy",
             "matplotlib",

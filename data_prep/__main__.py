@@ -1,4 +1,4 @@
-"""CLI: `python -m data_prep {train-tokenizer,tokenize,finalize,verify,stats} ...` (also `elasticbert-data`).
+"""CLI: `python -m data_prep {train-tokenizer,dedup,tokenize,finalize,verify,stats} ...` (also `elasticbert-data`).
 
 The conventions of `common.cli`: `--output PATH` where a command writes (train-tokenizer, tokenize, stats); the
 prepared directory is positional for the commands that act on one (finalize, verify, stats); booleans are
@@ -103,6 +103,7 @@ TOKENIZE_HELP = "tokenize a corpus into train/valid shards"
 FINALIZE_HELP = "merge the units of all array tasks into shards + manifest.json"
 VERIFY_HELP = "re-hash every shard and check indexes, dtype, ids and totals"
 STATS_HELP = "docs, sentences, tokens, length histograms (PNG)"
+DEDUP_HELP = "remove exact and near duplicates across corpora and evaluation-set text, before tokenize"
 
 
 def _add_train_tokenizer(sub: Any) -> None:
@@ -187,6 +188,86 @@ def _add_tokenize(sub: Any) -> None:
     _input_options(p)
 
 
+def default_eval_sets() -> list[str]:
+    """The shared GLUE sets beside the checkout ($ELASTICBERT_SHARED_DATA/glue, else ../shared/data/glue), if any."""
+    shared = os.environ.get("ELASTICBERT_SHARED_DATA")
+    root = Path(shared) if shared else Path(__file__).resolve().parents[2] / "shared" / "data"
+    return [str(root / "glue")] if (root / "glue").is_dir() else []
+
+
+def _add_dedup(sub: Any) -> None:
+    from .dedup_plan import DedupConfig, DedupRun
+
+    p = add_command(sub, "dedup", partial(_one_line_errors, _cmd_dedup), DEDUP_HELP, description=DEDUP_DESCRIPTION)
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="[NAME=]INPUT",
+        help="one corpus per input, in priority order (the first wins a duplicate): NAME=PATH or PATH "
+        "(files, folders, globs, dataset dirs, as tokenize)",
+    )
+    add_output(p, help="the dedup output: text/<corpus>/*.jsonl.zst (tokenize's input), dedup_report.json/.md")
+    g = p.add_argument_group("deduplication")
+    config_argument(g, DedupConfig, "shingle", help="words per MinHash shingle")
+    config_argument(g, DedupConfig, "bands", help="LSH bands")
+    config_argument(g, DedupConfig, "rows", help="signature values per band")
+    config_argument(g, DedupConfig, "seed", help="seed of the MinHash hash family")
+    config_argument(g, DedupConfig, "min_words", help="documents with fewer words are kept, never compared")
+    config_argument(
+        g,
+        DedupConfig,
+        "unit_bytes",
+        "--unit-size",
+        type=parse_size,
+        metavar="SIZE",
+        help="work-unit size in bytes of text",
+    )
+    config_argument(g, DedupConfig, "compress", help="output JSONL compression")
+    g = p.add_argument_group("decontamination")
+    g.add_argument(
+        "--eval-sets",
+        nargs="+",
+        metavar="DIR",
+        default=None,
+        help="folders of evaluation files (TSV, JSONL, TXT; default: the shared GLUE sets "
+        f"{default_eval_sets() or '(not found here)'})",
+    )
+    g.add_argument("--no-eval-sets", action="store_true", help="no decontamination (no evaluation sets)")
+    config_argument(g, DedupConfig, "eval_splits", help="evaluation files whose names start with these (or all)")
+    config_argument(
+        g,
+        DedupConfig,
+        "decontaminate",
+        help="documents with evaluation n-grams: cut the matches (GPT-3's rule), drop the document, or only report",
+    )
+    config_argument(g, DedupConfig, "ngram", help="n-gram length (a set of short texts gets less, down to --ngram-min)")
+    config_argument(g, DedupConfig, "ngram_min", help="the shortest n-gram used")
+    config_argument(g, DedupConfig, "cut_margin", help="characters removed each side of a match")
+    config_argument(g, DedupConfig, "cut_min_piece", help="pieces shorter than this are dropped")
+    config_argument(g, DedupConfig, "cut_max_pieces", help="a document cut into more pieces is dropped")
+    g = p.add_argument_group("running")
+    config_argument(g, DedupRun, "workers", default=default_workers(), help="worker processes (default: one per CPU)")
+    p.add_argument("--num-tasks", type=int, default=None, help="Slurm array size J (default SLURM_ARRAY_TASK_COUNT)")
+    p.add_argument("--task-index", type=int, default=None, help="this task j (default from SLURM_ARRAY_TASK_ID)")
+    config_argument(g, DedupRun, "stage", help="all (one task), or one stage: signatures and write run as arrays")
+    config_argument(
+        g,
+        DedupRun,
+        "lsh_memory",
+        type=parse_size,
+        metavar="SIZE",
+        help="memory of --stage clusters, its workers together",
+    )
+    config_argument(g, DedupRun, "rehash", help="re-hash finished work items before using them")
+    _input_options(p)
+
+
+DEDUP_DESCRIPTION = """Exact and near-duplicate removal across the corpora of a run, and decontamination against
+evaluation sets, before tokenize. Then: python -m data_prep tokenize OUT/text --output TOK ...
+(or one corpus: OUT/text/NAME). One job: --stage all. An array: --stage signatures (array), clusters (one job),
+write (array), report (one job); slurm/dedup_data.sh submits the four."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m data_prep",
@@ -195,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_debug(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_train_tokenizer(sub)
+    _add_dedup(sub)
     _add_tokenize(sub)
 
     p = add_command(sub, "finalize", partial(_one_line_errors, _cmd_finalize), FINALIZE_HELP)
@@ -264,6 +346,49 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
             f"task {res['task']}/{res['num_tasks']}: {len(res['units'])} units complete "
             f"({len(res['units_done_now'])} now), {unk}; when every task is done: "
             f"python -m data_prep finalize {args.output}"
+        )
+    return 0
+
+
+def _cmd_dedup(args: argparse.Namespace) -> int:
+    from .dedup import dedup_corpus
+    from .dedup_plan import DedupRun, given_settings
+    from .pipeline import _array_task
+
+    num_tasks, task_index = _array_task(args.num_tasks, args.task_index)
+    eval_sets: list[str] = []
+    if not args.no_eval_sets:
+        eval_sets = args.eval_sets if args.eval_sets is not None else default_eval_sets()
+        if not eval_sets:
+            raise DataPrepError(
+                "no evaluation sets to decontaminate against: pass --eval-sets DIR (TSV/JSONL files) or "
+                "--no-eval-sets (the shared GLUE sets are not beside this checkout)"
+            )
+    cfg, settings = given_settings(args)
+    run = DedupRun(
+        args.workers,
+        num_tasks,
+        task_index,
+        args.stage,
+        args.lsh_memory,
+        allow_empty=args.allow_empty,
+        rehash=args.rehash,
+    )
+    res = dedup_corpus(args.inputs, args.output, eval_sets, cfg, run, **settings)
+    if "totals" in res:
+        t = res["totals"]
+        print(
+            f"{args.output}: {t['docs_in']:,} documents in, {t['exact_docs']:,} exact and {t['near_docs']:,} near "
+            f"duplicates removed, {t['contaminated_docs']:,} with evaluation-set n-grams; {t['docs_kept']:,} "
+            f"documents ({t['bytes_kept'] / 1e6:,.1f} MB) kept -> {Path(args.output) / 'text'}; report: "
+            f"{Path(args.output) / 'dedup_report.md'}"
+        )
+    else:
+        print(
+            f"{args.output}: stage {res['stage']}: task {res.get('task', 0)}/{res.get('num_tasks', 1)} done "
+            f"({len(res.get('units_done_now', []))} units now)"
+            if "units" in res
+            else f"{args.output}: stage clusters done: {res['clusters']:,} clusters, {res['documents']:,} documents"
         )
     return 0
 

@@ -48,6 +48,7 @@ from common.io import atomic_path, atomic_write_json, fsync_dir
 from common.vocab import DEFAULT_MAX_UNK_FRACTION
 
 from . import sources as S
+from .dedup_manifest import dedup_manifest_entry
 from .errors import DataPrepError, output_errors
 from .plan import (
     FORMAT_VERSION,
@@ -499,6 +500,8 @@ def _manifest(
         "config": plan["config"],
         "splitter": plan["splitter"],
         "sources": plan["sources"],
+        # the dedup run the inputs came from (parameters, report hash), None for other inputs (data_prep/dedup.py)
+        "dedup": dedup_manifest_entry([s["path"] for s in plan["sources"]]),
         "units": units,
         "splits": splits,
         "totals": {

@@ -21,6 +21,7 @@ from __future__ import annotations
 import codecs
 import glob
 import gzip
+import json
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -625,7 +626,12 @@ class DocumentReader:
 
     def _parse_record(self, raw: bytes, offset: int) -> str | None:
         line = self._decode(raw, offset)
-        rec = parse_object(line, self._where(offset), DataPrepError, "a JSON object per line", record=True)
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            rec = None
+        if not isinstance(rec, dict):  # only now the line number: `_where` re-reads the file up to here
+            rec = parse_object(line, self._where(offset), DataPrepError, "a JSON object per line", record=True)
         if self.text_field not in rec:
             keys = ", ".join(list(rec)[:8]) or "none"
             raise DataPrepError(

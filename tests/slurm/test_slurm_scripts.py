@@ -40,6 +40,7 @@ def test_scripts_found():
         "pretrain_base.sh",
         "pretrain_large.sh",
         "prep_data.sh",
+        "dedup_data.sh",
         "finetune_glue.sh",
         "local_cluster.sh",
         "run",
