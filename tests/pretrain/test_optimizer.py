@@ -68,7 +68,9 @@ def test_torch_fused_adamw_is_fusedadams_update_to_1e6():
 
 
 def generated(overrides: list[str], caps: DeviceCaps, world_size: int = 64) -> dict:
-    cfg = load_config(REPO / "configs/elasticbert_base.yaml", ["data.corpora=[{path: /nonexistent, weight: 1}]", *overrides])
+    cfg = load_config(
+        REPO / "configs/elasticbert_base.yaml", ["data.corpora=[{path: /nonexistent, weight: 1}]", *overrides]
+    )
     raw = load_ds_json(REPO / "ds_configs/zero1.json")
     return fill_ds_config(raw, cfg, world_size=world_size, caps=caps)[0]
 
