@@ -121,7 +121,10 @@ def test_an_exit_on_every_layer_runs_in_the_official_dynamic_class(tmp_path, tin
         _assert_close(official_exit, our_exit)
 
     # its entropy early exit, one example at a time: leaves at our first exit under the threshold, with its logits
-    threshold = torch.stack([entropy(w) for w in want]).median().item()
+    # a threshold halfway between two neighbouring entropies: the median itself is one sample's entropy, which the
+    # official per-example forward may compute a few ulps lower, and a sample AT the threshold may go either way
+    ranked = torch.stack([entropy(w) for w in want]).flatten().sort().values
+    threshold = ((ranked[len(ranked) // 2 - 1] + ranked[len(ranked) // 2]) / 2).item()
     for b in range(batch[0].shape[0]):
         example = [x[b : b + 1] for x in batch]
         with torch.no_grad():
