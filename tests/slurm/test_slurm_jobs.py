@@ -110,7 +110,13 @@ def test_pretrain_base_preemption_requeues_once_and_completes(slurm_cluster, sta
         assert (run_dir / f"preempted.rank{rank}").read_text() == "SIGUSR1"
         assert (run_dir / f"done.rank{rank}").exists()
     events = [line.split("\t")[2:4] for line in (run_dir / "logs/slurm_jobs.tsv").read_text().splitlines()]
-    assert events == [["0", "start"], ["0", "signal"], ["0", "exit"], ["0", "requeue"], ["1", "start"], ["1", "exit"]]
+    preflight = [["preflight-start"], ["preflight-ok"]]  # every run of the job checks its nodes first
+    assert events == [
+        *(["0", *e] for e in preflight),
+        *[["0", "start"], ["0", "signal"], ["0", "exit"], ["0", "requeue"]],
+        *(["1", *e] for e in preflight),
+        *[["1", "start"], ["1", "exit"]],
+    ]
     text = out.read_text()  # --open-mode=append: both runs in one file
     assert "forwarding it to the job step" in text and "requeueing job" in text and "step finished (exit 0)" in text
 
