@@ -9,8 +9,9 @@
   come from the field, so `--help` and the config agree); not bound to one, `add_argument`;
 - one way to dispatch: every subcommand is declared with its function (`add_command`), and the `__main__` of each
   package hands its parser to `dispatch`, which runs `args.func(args)` through `run_command`;
-- a `UserError` prints `PROG: error: MESSAGE` and exits 2 (`run_command`); Ctrl-C exits 130; `--debug` (or
-  `ELASTICBERT_DEBUG=1`) shows the traceback instead.
+- a `UserError` prints `PROG: error: MESSAGE` and exits 2 (`run_command`); an OSError, or a library's exception that
+  stands for one (`common.errors.os_error_of`: torch.save's "unexpected pos" on a full disk), one line with the path
+  and errno, exit 74; Ctrl-C exits 130; `--debug` (or `ELASTICBERT_DEBUG=1`) shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .config import field_types, literal_choices, strip_optional
-from .errors import EXIT_INTERRUPTED, EXIT_OS_ERROR, UserError, describe_os_error
+from .errors import EXIT_INTERRUPTED, EXIT_OS_ERROR, UserError, describe_os_error, os_error_of
 
 
 def add_debug(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +55,12 @@ def run_command(prog: str, func: Callable[[], int | None], debug: bool = False) 
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+    except Exception as err:  # a library's own words for an OS error (torch.save, safetensors on a full disk)
+        mapped = None if debug else os_error_of(err)
+        if mapped is None:
+            raise
+        print(f"{prog}: error: {describe_os_error(mapped)}", file=sys.stderr, flush=True)
+        return EXIT_OS_ERROR
 
 
 def dispatch(

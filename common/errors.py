@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import errno
 import os
+import re
+import shutil
 from collections.abc import Sequence
 
 EXIT_OK = 0
@@ -70,3 +72,52 @@ def describe_os_error(err: OSError) -> str:
     hint = f": {hint}" if hint and hint.lower() != reason.lower() else ""
     where = paths or "an operating-system call"
     return f"{where}: {reason} ({name or type(err).__name__}{hint})".replace(os.linesep, " ")
+
+
+# Libraries that write files in native code report a failed write in their own words: safetensors (Rust) as
+# "I/O error: No space left on device (os error 28)", torch.save's zip writer as "unexpected pos N vs M" or "file
+# write failed" (a short write, which on a local disk means it is full). `os_error_of` turns such an exception back
+# into the OSError it stands for, so that it is reported as one (the path, the errno, exit 74) instead of as a
+# traceback or a "corrupt position".
+_OS_ERROR_NUMBER = re.compile(r"\(os error (\d+)\)")
+_ERRNO_WORDS = {
+    "No space left on device": errno.ENOSPC,
+    "Disk quota exceeded": errno.EDQUOT,
+    "Read-only file system": errno.EROFS,
+    "Permission denied": errno.EACCES,
+}
+_SHORT_WRITE = ("unexpected pos", "file write failed", "PytorchStreamWriter failed writing")
+LOW_SPACE_BYTES = 1 << 20  # a filesystem with less free than this after a short write was full
+
+
+def os_error_of(err: BaseException, path: str | os.PathLike | None = None) -> OSError | None:
+    """The OSError `err` stands for, naming `path` when it names no file itself (None: `err` is not about the
+    operating system): an OSError as it is; a library's exception that wraps one (see above) as a new OSError. A
+    short write with no reason given is ENOSPC when the filesystem of `path` is (nearly) full, else EIO."""
+    if isinstance(err, OSError):
+        if path is not None and not err.filename:
+            err.filename = str(path)
+        return err
+    if isinstance(err, UserError):  # already a message for the user (it may quote an OS error's words)
+        return None
+    text = str(err)
+    number = _OS_ERROR_NUMBER.search(text)
+    code = int(number.group(1)) if number else next((c for w, c in _ERRNO_WORDS.items() if w in text), None)
+    if code is None and any(marker in text for marker in _SHORT_WRITE):
+        code = errno.ENOSPC if _nearly_full(path) else errno.EIO
+    if code is None:
+        return None
+    return OSError(code, os.strerror(code), None if path is None else str(path))
+
+
+def _nearly_full(path: str | os.PathLike | None) -> bool:
+    """Whether the filesystem holding `path` (or its nearest existing parent) has almost no free space left."""
+    if path is None:
+        return False
+    place = os.path.abspath(path)
+    while place and not os.path.exists(place):
+        place = os.path.dirname(place)
+    try:
+        return shutil.disk_usage(place or "/").free < LOW_SPACE_BYTES
+    except OSError:
+        return False

@@ -5,7 +5,9 @@ name instead of being loaded silently (flipped bytes inside a tensor pass every 
 Used for pre-training checkpoints (`pretrain/checkpointer.py`: written after DeepSpeed's files, before `latest` names
 the tag; hashing spread over the ranks, file i by rank i mod world size, so a 64-rank job reads each byte once) and
 for every model directory the project writes (fine-tuned `best/`, exports, `save-early-exit`): `seal` after the last
-file, `verify_directory` when a model is loaded (`elasticbert.loading`).
+file, `verify_directory` when a model is loaded, whichever way (`elasticbert.verification`: `load_pretrained`, every
+command, `from_pretrained` / `AutoModel*` / `pipeline`). `seal` also marks a model directory's config.json
+(`"checksums": "checksums.json"`), so a copy that lost checksums.json says it was sealed and is refused.
 
     {"format": 1, "algorithm": "sha256",
      "files": {"model.safetensors": {"size": 90866412, "sha256": "9f2c..."}, "config.json": {...}}}
@@ -17,7 +19,9 @@ file gets a structural check (PyTorch's zip container must have its central dire
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import zipfile
 from collections.abc import Iterable, Mapping
@@ -28,6 +32,7 @@ from .errors import UserError
 from .io import atomic_write_json, read_object
 
 CHECKSUMS = "checksums.json"
+SEALED_FIELD = "checksums"  # the config.json field of a sealed model directory (its value: CHECKSUMS)
 FORMAT = 1
 ALGORITHM = "sha256"
 HASH_BLOCK = 8 << 20
@@ -153,9 +158,32 @@ def verify_share(tag_dir: Path, rank: int, world_size: int, use_checksums: bool 
 
 
 def seal(directory: Path) -> None:
-    """Record the checksums of every file of a complete directory (call it after its last file is written)."""
+    """Record the checksums of every file of a complete directory (call it after its last file is written). A model
+    directory's config.json first gets `"checksums": "checksums.json"` (`SEALED_FIELD`): the directory then says it
+    was sealed, so a copy that lost checksums.json is refused instead of loading unverified (`verify_directory`)."""
     directory = Path(directory)
+    config = directory / "config.json"
+    if config.is_file():
+        fields = read_object(config, IntegrityError, "a JSON object of config fields")
+        if fields.get(SEALED_FIELD) != CHECKSUMS:
+            atomic_write_json(config, {**fields, SEALED_FIELD: CHECKSUMS}, sort_keys=True)
     write_checksums(directory, hash_files(directory, list_files(directory)))
+
+
+def says_sealed(directory: Path) -> bool:
+    """Whether the directory's config.json says it was sealed (`seal`); False when it has no readable one."""
+    try:
+        fields = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(fields, dict) and SEALED_FIELD in fields
+
+
+def discard_seal(directory: Path) -> None:
+    """Remove the checksums.json of a directory whose files are being written again (a stale seal would refuse the
+    new files); the writer seals it again when it is complete."""
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        (Path(directory) / CHECKSUMS).unlink()
 
 
 def reseal(directory: Path, names: Iterable[str]) -> None:
@@ -169,8 +197,15 @@ def reseal(directory: Path, names: Iterable[str]) -> None:
 
 def verify_directory(directory: Path) -> list[str]:
     """Problems of a sealed directory (every listed file present with its size and hash, no unlisted weights); []
-    for one that carries no checksums.json (a hub download, a directory of other tools)."""
+    for one that neither carries checksums.json nor says it was sealed (a hub download, a directory of other tools).
+    One whose config.json says it was sealed but that has no checksums.json (a partial copy) is a problem."""
     directory = Path(directory)
     if not (directory / CHECKSUMS).is_file():
+        if says_sealed(directory):
+            return [
+                f"{directory / CHECKSUMS} is missing, but {directory / 'config.json'} says the directory was sealed "
+                f'("{SEALED_FIELD}": "{CHECKSUMS}"): a partial copy, or the file was deleted, so its files cannot be '
+                "verified"
+            ]
         return []
     return verify_share(directory, 0, 1)

@@ -4,20 +4,40 @@ Everything is written under a temporary name in the destination's directory (sam
 `os.replace` is atomic), flushed and fsynced, then renamed; the directory is fsynced so the rename survives a crash.
 `atomic_path` does the same for anything a library writes by path (safetensors, `save_pretrained`, a directory).
 `read_object` is the one reader of a JSON or YAML object that names the file in every failure.
+
+Every write path knows the file it writes: a failure inside `atomic_path` (a `write()` or `close()` that names no
+file, a library's own exception for a full disk: `common.errors.os_error_of`) comes out as an OSError naming the
+path the caller asked for, never the temporary, so that the one-line report (`common.cli.run_command`: the path and
+the errno, exit 74) says which file could not be written. `removed_on_failure` takes back what a command created
+under its output (the folder itself, when the command made it) when the command fails, so that a failed run leaves
+no empty folder or lone file behind that looks like a result.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import json
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from .errors import UserError
+from .errors import UserError, os_error_of
+
+
+def make_dirs(path: str | os.PathLike) -> Path:
+    """`mkdir -p` for an output folder that names the culprit: a file where a folder is expected is ENOTDIR naming
+    that file (`Path.mkdir` says "File exists", or names the folder it was asked for)."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(blocker)) from None
+    return path
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -34,10 +54,11 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def temporary_sibling(path: str | os.PathLike) -> Path:
-    """`.NAME.tmpPID` beside `path`: same filesystem, hidden, unique per process."""
+def temporary_sibling(path: str | os.PathLike, keep_suffix: bool = False) -> Path:
+    """`.NAME.tmpPID` beside `path`: same filesystem, hidden, unique per process (`keep_suffix`: `.NAME.tmpPID.png`,
+    for writers that choose the format by the suffix, as matplotlib does)."""
     path = Path(path)
-    return path.with_name(f".{path.name}.tmp{os.getpid()}")
+    return path.with_name(f".{path.name}.tmp{os.getpid()}{path.suffix if keep_suffix else ''}")
 
 
 def _remove(path: Path) -> None:
@@ -64,7 +85,8 @@ def remove_stale_siblings(path: Path) -> list[Path]:
     removed = []
     with contextlib.suppress(OSError):
         for sibling in path.parent.glob(f".{glob.escape(path.name)}.tmp*"):
-            pid = sibling.name.rsplit(".tmp", 1)[-1]
+            tail = sibling.name.rsplit(".tmp", 1)[-1]
+            pid = tail.removesuffix(path.suffix) if path.suffix and not tail.isdigit() else tail  # (keep_suffix)
             if pid.isdigit() and int(pid) != os.getpid() and not _process_alive(int(pid)):
                 _remove(sibling)
                 removed.append(sibling)
@@ -72,14 +94,17 @@ def remove_stale_siblings(path: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, replace: bool = True) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, replace: bool = True, keep_suffix: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside `path`; on success move it to `path` (a file or a directory).
 
     On an exception the temporary is removed and `path` is untouched. An existing directory at `path` is replaced
-    only when `replace` (its removal and the rename are then two steps, like every directory swap on POSIX).
+    only when `replace` (its removal and the rename are then two steps, like every directory swap on POSIX). The
+    block writes `path`: an OSError it raises that names no file names `path`, one about the temporary names `path`
+    (or the file inside it), and a library's exception that stands for an OSError (a full disk under torch.save or
+    safetensors) is raised as that OSError (see the module docstring). `keep_suffix`: see `temporary_sibling`.
     """
     path = Path(path)
-    tmp = temporary_sibling(path)
+    tmp = temporary_sibling(path, keep_suffix)
     remove_stale_siblings(path)
     _remove(tmp)
     try:
@@ -93,11 +118,40 @@ def atomic_path(path: str | os.PathLike, replace: bool = True) -> Iterator[Path]
             shutil.rmtree(path)
         os.replace(tmp, path)
     except BaseException as err:
+        mapped = os_error_of(err, _being_written(tmp)) if isinstance(err, Exception) else None
         _remove(tmp)
-        if isinstance(err, OSError):
-            _name_the_target(err, tmp, path)
-        raise
+        if mapped is None:
+            raise
+        _name_the_target(mapped, tmp, path)
+        if mapped is err:
+            raise
+        raise mapped from err
     fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike) -> Iterator[None]:
+    """The block writes the file `path` (a library call: torch.save, safetensors' save_file): its failure comes out
+    as an OSError naming `path` (`common.errors.os_error_of`: a full disk in a library's words included)."""
+    try:
+        yield
+    except Exception as err:
+        mapped = os_error_of(err, path)
+        if mapped is None or mapped is err:
+            raise
+        raise mapped from err
+
+
+def _being_written(tmp: Path) -> Path:
+    """The file a failed write inside `tmp` was most likely writing: the newest file of a temporary directory (a
+    library that writes a folder, such as `save_pretrained`, does not say which of its files failed), else `tmp`."""
+    if not tmp.is_dir():
+        return tmp
+    with contextlib.suppress(OSError):
+        files = [(f.stat().st_mtime_ns, f) for f in tmp.rglob("*") if f.is_file()]
+        if files:
+            return max(files)[1]
+    return tmp
 
 
 def _name_the_target(err: OSError, tmp: Path, path: Path) -> None:
@@ -108,17 +162,61 @@ def _name_the_target(err: OSError, tmp: Path, path: Path) -> None:
             setattr(err, attr, str(path) + str(value)[len(str(tmp)) :])
 
 
+@contextlib.contextmanager
+def removed_on_failure(directory: str | os.PathLike) -> Iterator[Path]:
+    """Run a block that writes under `directory`; if it fails, remove what it created there — every file and folder
+    that was not there before, and `directory` itself (with the parents it needed) when the block created it — so a
+    failed command leaves no empty output folder or partial result behind. What existed before is kept (files the
+    block replaced through `atomic_path` hold their new, complete contents). Yields `directory` as a Path; the
+    block creates it when it first writes."""
+    directory = Path(directory)
+    created_top = None  # the highest folder of `directory`'s path that does not exist yet
+    for folder in (directory, *directory.parents):
+        if folder.exists() or folder.is_symlink():
+            break
+        created_top = folder
+    before = set(_tree(directory)) if created_top is None else set()
+    try:
+        yield directory
+    except BaseException:
+        created = [created_top] if created_top is not None else set(_tree(directory)) - before
+        for path in sorted(created, key=lambda p: len(p.parts), reverse=True):  # deepest first
+            with contextlib.suppress(OSError):  # a failed clean-up must not hide why the block failed
+                _remove(path)
+        raise
+
+
+def _tree(directory: Path) -> list[Path]:
+    """Every path under `directory` (nothing when it cannot be listed)."""
+    try:
+        return list(directory.rglob("*"))
+    except OSError:
+        return []
+
+
+def write_all(handle: BinaryIO, data: bytes, name: str | os.PathLike | None = None) -> None:
+    """Write every byte of `data` to `handle` and flush it. An unbuffered file's write() (stdout under
+    PYTHONUNBUFFERED=1) may write only part of `data` when the disk fills, and a text wrapper over it drops the rest
+    without a word; here the rest is written or the failure (ENOSPC) raised, naming `name` (the file being written,
+    e.g. `<stdout>`) when the OSError names none."""
+    view = memoryview(data)
+    try:
+        while view:
+            written = handle.write(view)  # None: a non-blocking file that takes nothing now (tried again)
+            view = view[written or 0 :]
+        handle.flush()
+    except OSError as err:
+        if name is not None and not err.filename:
+            err.filename = str(name)
+        raise
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` atomically (see the module docstring). A failed write raises its OSError naming
     `path` (a failed `write()` on an open file names no file by itself)."""
-    try:
-        with atomic_path(path) as tmp, open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-    except OSError as err:
-        if not err.filename:
-            err.filename = str(path)  # a failed write() names no file by itself
-        raise
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

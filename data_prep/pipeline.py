@@ -70,7 +70,7 @@ from .plan import (
 )
 from .shard_format import FORMAT, concat_shards, read_idx_header
 from .stats import UnkGuard, unk_fraction_problem
-from .tokenizer import check_tokenizer_dir, load_meta, resolve_tokenizer, tokenizer_file
+from .tokenizer import check_tokenizer_dir, load_meta, recorded_identity, resolve_tokenizer, tokenizer_file
 from .util import CANONICAL, read_json_record
 from .workers import Progress, UnitContext, run_units, unit_size
 
@@ -374,6 +374,7 @@ def _finalize(out: Path, max_unk_fraction: float) -> dict[str, Any]:
         split: _write_split(out, split, infos, keys, np.dtype(meta["dtype"]), plan["config"]["shard_tokens"])
         for split in SPLITS
     }
+    meta["identity"] = recorded_identity(meta, out / "tokenizer").to_dict()  # a tokenizer installed before identities
     manifest = _manifest(plan, phash, meta, infos, splits)
     _check_totals(out, manifest)
     atomic_write_json(manifest_path, manifest, **CANONICAL)
@@ -495,7 +496,7 @@ def _manifest(
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "plan_hash": phash,
-        "tokenizer": {**meta, "dir": "tokenizer"},
+        "tokenizer": {**meta, "dir": "tokenizer"},  # with its identity (what the ids mean), compared when they are used
         "dtype": meta["dtype"],
         "config": plan["config"],
         "splitter": plan["splitter"],

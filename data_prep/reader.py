@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from common.vocab import TokenizerIdentity, TokenizerIdentityError, identity_of
+
 from .errors import DataPrepError
 from .shard_format import DTYPES, FORMAT, open_bin, open_idx_arrays, read_idx_header
 
@@ -108,6 +110,24 @@ class PreparedCorpus:
         self.num_sentences = int(self._sents[-1])
         self.num_tokens = int(self._toks[-1])
         self._headers = [self._check_shard(s) for s in shards]
+
+    def tokenizer_identity(self) -> TokenizerIdentity | None:
+        """What the corpus's token ids mean (`common.vocab.TokenizerIdentity`): the identity its manifest recorded
+        (computed from its tokenizer files for a manifest written before identities), once the tokenizer files beside
+        it are checked to still be that tokenizer (refused: a vocab.txt, tokenizer.json or tokenizer_config.json
+        replaced after tokenizing). None for a corpus with neither."""
+        recorded = TokenizerIdentity.from_dict(self.manifest["tokenizer"].get("identity"))
+        try:
+            found = identity_of(self.tokenizer_dir) if self.tokenizer_dir.is_dir() else None
+        except TokenizerIdentityError as err:
+            raise DataPrepError(f"{err} (the tokenizer of the corpus {self.path})") from None
+        if recorded is not None and found is not None and recorded.fingerprint != found.fingerprint:
+            raise DataPrepError(
+                f"{self.tokenizer_dir}: its files ({found.summary()}) are not the tokenizer "
+                f"{self.path / 'manifest.json'} records ({recorded.summary()}): it was replaced after tokenizing. "
+                "Restore it, or prepare the corpus again with the tokenizer you want"
+            )
+        return recorded or found
 
     # ------------------------------------------------------------------------------------------ internals
 

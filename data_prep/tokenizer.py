@@ -2,7 +2,9 @@
 unigram/BPE); save it as a directory with its hashes; encode documents into sentence-cut token ids.
 
 A tokenizer directory holds the model files plus `data_prep_tokenizer.json` (kind, lowercase, vocab size,
-special ids, sha256 of each file and one combined sha256). WordPiece directories also hold `tokenizer.json`,
+special ids, sha256 of each file and one combined sha256, and the tokenizer's identity: `common.vocab`'s fingerprint of
+its vocabulary in id order, normalisation and special tokens, which every manifest records and pre-training and
+fine-tuning compare). WordPiece directories also hold `tokenizer.json`,
 `tokenizer_config.json` and `special_tokens_map.json`, so `transformers.BertTokenizer.from_pretrained(dir)` loads
 them. [CLS] [SEP] [MASK] [PAD] [UNK] are always present: appended, with a warning naming the file and the tokens,
 to an adopted vocab that lacks them (a vocab BERT was trained with has them all, so a missing one usually means the
@@ -41,6 +43,7 @@ from common.config import choice_problem
 from common.hub import TOKENIZER_FILES, is_hub_id, resolve_pretrained
 from common.integrity import sha256_file
 from common.io import atomic_path, atomic_write_json
+from common.vocab import TokenizerIdentity, TokenizerIdentityError, identity_of
 
 from .errors import DataPrepError, with_path
 from .shard_format import token_dtype
@@ -113,6 +116,7 @@ def write_meta(directory: Path, kind: str, lowercase: bool) -> dict[str, Any]:
         "files": files,
         "sha256": sha256_bytes(canonical_json(files).encode()),
         "dtype": str(token_dtype(vocab_size)),
+        "identity": tokenizer_identity(directory).to_dict(),  # what the tokens mean: recorded with every corpus
     }
     atomic_write_json(directory / META, meta, **CANONICAL)
     return meta
@@ -134,6 +138,24 @@ def load_meta(directory: str | os.PathLike) -> dict[str, Any]:
             "install the tokenizer again (--tokenizer) into a new --output"
         )
     return meta
+
+
+def tokenizer_identity(directory: str | os.PathLike) -> TokenizerIdentity:
+    """The identity (`common.vocab.identity_of`: vocabulary in id order, normalisation, special tokens) of an
+    installed tokenizer; its files contradicting each other is a DataPrepError."""
+    try:
+        identity = identity_of(directory)
+    except TokenizerIdentityError as err:
+        raise DataPrepError(str(err)) from None
+    if identity is None:
+        raise DataPrepError(f"{directory}: no tokenizer files (tokenizer.json, vocab.txt or spm.model)")
+    return identity
+
+
+def recorded_identity(meta: dict[str, Any], directory: str | os.PathLike) -> TokenizerIdentity:
+    """The identity a tokenizer's metadata (or a manifest's `tokenizer` entry) recorded; computed from the files of
+    `directory` for one written before identities were recorded."""
+    return TokenizerIdentity.from_dict(meta.get("identity")) or tokenizer_identity(directory)
 
 
 def check_tokenizer_dir(directory: str | os.PathLike) -> list[str]:

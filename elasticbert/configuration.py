@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Literal, get_args
 
 from transformers import PretrainedConfig
 
+from common.integrity import SEALED_FIELD
+
 from .exit_setting import EarlyExitSetting
+from .verification import verify_pretrained_path
 
 ExitType = Literal["linear", "mha"]
 PositionIdsStyle = Literal["bert", "roberta"]
@@ -41,6 +45,15 @@ class ElasticBertConfig(PretrainedConfig):
             `{"strategy": "entropy", "threshold": 0.3}` (see `exit_setting`): the classifier's forward in eval mode
             then runs the early-exit engine, so `pipeline("text-classification")` exits early. Written by
             `elasticbert.save_early_exit(directory, ...)`; validated when the config loads.
+
+    Provenance:
+        tokenizer_identity: the identity of the tokenizer whose ids the weights were trained on
+            (`common.vocab.TokenizerIdentity.to_dict()`: fingerprint, kind, size, casing), recorded by pre-training
+            and fine-tuning and compared wherever a tokenizer meets the model again.
+
+    A sealed directory's config.json also says so (`"checksums": "checksums.json"`, `common.integrity.seal`): that
+    field describes the directory, not the model, so it is not kept in memory (a model saved elsewhere is not sealed).
+    `from_pretrained` verifies a local directory first (`verification`; `verify_checksums=False` skips it).
     """
 
     model_type = "elasticbert"
@@ -71,8 +84,10 @@ class ElasticBertConfig(PretrainedConfig):
         tie_word_embeddings: bool = True,
         position_ids_style: PositionIdsStyle = "bert",
         position_embedding_type: str = "absolute",
+        tokenizer_identity: dict | None = None,
         **kwargs: object,
     ) -> None:
+        kwargs.pop(SEALED_FIELD, None)
         super().__init__(pad_token_id=pad_token_id, **kwargs)
         self.tie_word_embeddings = tie_word_embeddings  # the MLM decoder shares the word embeddings
         if hidden_size % num_attention_heads:
@@ -121,6 +136,14 @@ class ElasticBertConfig(PretrainedConfig):
         if early_exit is not None:  # a ValueError naming the key (load_pretrained names the file)
             early_exit = EarlyExitSetting.from_dict(early_exit, self.num_labels, "early_exit").to_dict()
         self.early_exit = early_exit
+        self.tokenizer_identity = tokenizer_identity
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs: object) -> PretrainedConfig:
+        """transformers' loader, once a local directory passed its checksums (`verification`). `verify_checksums`
+        is read, not consumed: `AutoModel*` passes the unused keyword arguments on to the model's `from_pretrained`."""
+        verify_pretrained_path(pretrained_model_name_or_path, kwargs.get("subfolder"), kwargs.get("verify_checksums"))
+        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
 
     @property
     def head_dim(self) -> int:

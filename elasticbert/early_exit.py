@@ -5,10 +5,11 @@
 code of ours; `finetune.early_exit` re-exports it and adds BERxiT's learned exit head, sweeps and the `early-exit`
 command. One engine serves all of them.
 
-Rules (one threshold τ each; see `exit_setting` for their ranges): ``entropy`` (DeeBERT: entropy of the exit's softmax
-in nats < τ), ``maxprob`` (top class probability ≥ τ), ``patience`` (PABEE: the prediction unchanged over τ = k
-consecutive exits; regression: |Δ| < δ counts as unchanged; k = 0 exits at the first exit), ``pcee`` (PCEE-BERT:
-``patience`` consecutive exits with H / ln K < τ), ``static`` (never fires: the engine then runs the last exit only).
+Rules (one threshold τ each; see `exit_setting` for their ranges, and for the thresholds at which a rule no longer
+depends on its input, which `make_rule` refuses): ``entropy`` (DeeBERT: entropy of the exit's softmax in nats < τ),
+``maxprob`` (top class probability ≥ τ), ``patience`` (PABEE: the prediction unchanged over τ = k >= 1 consecutive
+exits; regression: |Δ| < δ counts as unchanged), ``pcee`` (PCEE-BERT: ``patience`` consecutive exits with
+H / ln K < τ), ``static`` (never fires: the engine then runs the last exit only).
 The last exit always takes the samples still running (the engine's job, not the rules').
 
 Why batched the way it is: at every exit the samples whose rule fires *leave the batch* (their hidden states, mask rows

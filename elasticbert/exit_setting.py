@@ -10,6 +10,15 @@ ones that need no trained side model (BERxiT's learned exit head lives in `finet
   ``delta``);
 - ``pcee`` (PCEE-BERT): exit after ``patience`` consecutive exits whose normalised entropy H / ln K < τ;
 - ``static``: never exit early (the full model: only the last exit runs); takes no threshold.
+
+Besides its range, each rule has thresholds at which its decision no longer depends on the input: every sample
+leaves at the first exit it can by construction, whatever the text (`degenerate_problem`). For K labels: an entropy
+is at most ln K, so τ >= ln K always fires; the top probability is at least 1/K, so τ <= 1/K always fires; the
+normalised entropy is at most 1, so PCEE's τ >= 1 always counts (every sample leaves at its `patience`-th exit);
+PABEE's patience k counts agreements between consecutive exits and k = 0 needs none. Such a setting measures the
+first exit under another name: it is refused wherever a setting is checked (`EarlyExitSetting.problems`, so
+`make_rule`, `save_early_exit`, a config's `early_exit`, `predict`), and a sweep drops such points, saying so.
+Values within the 4-decimal rounding of the bound (`ROUNDING`: ln 2 written 0.6931) count as the bound.
 """
 
 from __future__ import annotations
@@ -48,6 +57,33 @@ def threshold_problem(strategy: str, threshold: float, ranges: Mapping = THRESHO
     return f"{strategy} threshold {threshold:g}: must be {what}" if bad else None
 
 
+ROUNDING = 5e-5  # a bound written to 4 decimals (ln 2 = 0.6931, 1/3 = 0.3333) is the bound
+
+
+def degenerate_problem(strategy: str, threshold: float, num_labels: int | None = None) -> str | None:
+    """Why `threshold` makes `strategy` send every sample out at the same exit whatever its input (see the module
+    docstring), or None. The bounds that depend on the number of labels K are checked when `num_labels` is given."""
+    value = float(threshold)
+    if math.isnan(value):
+        return None  # the range check names it
+    k = num_labels if num_labels and num_labels > 1 else None
+    why = None
+    if strategy == "patience" and value < 1:
+        why = "PABEE's patience counts agreements between consecutive exits; 0 needs none, so every sample leaves at "
+        why += "the first exit: use k >= 1"
+    elif strategy == "pcee" and value >= 1 - ROUNDING:
+        why = "the normalised entropy H / ln K is at most 1, so at τ >= 1 every exit counts as confident and every "
+        why += "sample leaves at its patience-th exit: use τ < 1 (the default sweep's highest is 0.8)"
+    elif strategy == "entropy" and k and value >= math.log(k) - ROUNDING:
+        why = f"an entropy over {k} labels is at most ln {k} = {math.log(k):.6f} nats, so at τ >= ln {k} (to 4 "
+        why += "decimals) every sample leaves at the first exit: use a lower τ (the default sweep's highest is "
+        why += f"{0.8 * math.log(k):.4f})"
+    elif strategy == "maxprob" and k and value <= 1 / k + ROUNDING:
+        why = f"the top probability over {k} labels is at least 1/{k} = {1 / k:.6f}, so at τ <= 1/{k} (to 4 "
+        why += "decimals) every sample leaves at the first exit: use a higher τ (the default sweep's lowest is 0.7)"
+    return f"{strategy} threshold {value:g}: {why}" if why else None
+
+
 SETTING_KEYS = ("strategy", "threshold", "patience", "delta", "precision")
 Precision = Literal["fp32", "int8"]  # elasticbert.precision: what a threshold was calibrated at
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -79,7 +115,9 @@ class EarlyExitSetting:
             problems.append(f"strategy {self.strategy!r} needs a threshold")
         elif isinstance(self.threshold, bool) or not isinstance(self.threshold, int | float):
             problems.append(f"threshold must be a number, got {self.threshold!r}")
-        elif problem := threshold_problem(self.strategy, self.threshold):
+        elif problem := threshold_problem(self.strategy, self.threshold) or degenerate_problem(
+            self.strategy, self.threshold, num_labels
+        ):
             problems.append(problem)
         if isinstance(self.patience, bool) or not isinstance(self.patience, int) or self.patience < 1:
             problems.append(

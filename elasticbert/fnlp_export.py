@@ -34,15 +34,14 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from safetensors import SafetensorError
 from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
-from common.errors import UserError
+from common.errors import UserError, describe_os_error
 from common.hub import TOKENIZER_FILES, resolve_pretrained
 from common.integrity import seal
-from common.io import atomic_path
-from common.run_dir import RunWriteError, describe_write_error
+from common.io import atomic_path, make_dirs, removed_on_failure, writing
+from common.run_dir import RunWriteError
 
 from .configuration import ElasticBertConfig
 from .layouts import (
@@ -177,8 +176,10 @@ def save_fnlp(model: PreTrainedModel, directory: Path, where: str = "this model"
     state = fnlp_state_dict(model, layout)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    torch.save(state, directory / WEIGHTS_BIN)
-    save_file(state, str(directory / WEIGHTS_SAFETENSORS), metadata={"format": "pt"})
+    with writing(directory / WEIGHTS_BIN):  # a full disk is an OSError naming the file, not "unexpected pos"
+        torch.save(state, directory / WEIGHTS_BIN)
+    with writing(directory / WEIGHTS_SAFETENSORS):
+        save_file(state, str(directory / WEIGHTS_SAFETENSORS), metadata={"format": "pt"})
     config = json.dumps(fnlp_config(model.config, layout), indent=2, sort_keys=True) + "\n"
     (directory / "config.json").write_text(config, encoding="utf-8")
     return layout
@@ -215,14 +216,14 @@ def export_fnlp(model_dir: str | Path, output: str | Path, *, overwrite: bool = 
             f"{', '.join(untrained[:4])}): is this a fine-tuned model? (config.json names its class in architectures)"
         )
     try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(output) as tmp:
-            layout = save_fnlp(model, tmp, str(directory))
-            copy_tokenizer_files(Path(directory), tmp)
-            seal(tmp)
-    except (OSError, SafetensorError, RuntimeError) as err:  # torch.save wraps a failed write in a RuntimeError
-        reason = describe_write_error(err)
-        raise RunWriteError(f"{output}: cannot write the export ({reason}); nothing was kept") from err
+        with removed_on_failure(output.parent) as parent:  # folders made for the export go if it fails
+            make_dirs(parent)
+            with atomic_path(output) as tmp:  # torch.save's or safetensors' failed write: an OSError naming the file
+                layout = save_fnlp(model, tmp, str(directory))
+                copy_tokenizer_files(Path(directory), tmp)
+                seal(tmp)
+    except OSError as err:
+        raise RunWriteError(f"{output}: cannot write the export ({describe_os_error(err)}); nothing was kept") from err
     return layout
 
 

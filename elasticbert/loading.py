@@ -33,10 +33,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
-from common.errors import UserError
 from common.hub import resolve_pretrained
-from common.integrity import IntegrityError, reseal, verify_directory
-from common.io import atomic_write_json, read_object
+from common.integrity import reseal
+from common.io import atomic_write_bytes, atomic_write_json, read_object
 
 from .configuration import ElasticBertConfig
 from .exit_setting import EarlyExitSetting
@@ -54,17 +53,14 @@ from .layouts import (
     official_head_renames,
 )
 from .modeling import ElasticBertForSequenceClassification, ElasticBertModel
+from .verification import CheckpointError, verify_model_directory
+from .verification import set_checksum_verification as set_checksum_verification  # the commands' switch
 
 LABEL_FIELDS = ("id2label", "label2id")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 OTHER_FRAMEWORK_FILES = ("tf_model.h5", "flax_model.msgpack", "model.onnx", "rust_model.ot")
 READ_ERRORS = (SafetensorError, RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile)
 SHOWN_KEYS = 5
-
-
-class CheckpointError(UserError):
-    """A checkpoint that cannot be loaded: missing files, corrupt weights, wrong shapes, a layout we do not
-    understand, or one that would leave encoder weights random. Names the file or the keys."""
 
 
 @dataclass
@@ -112,48 +108,14 @@ def minilm_dir() -> Path:
 # ------------------------------------------------------------------------------------------------------ files
 
 
-_VERIFY_CHECKSUMS = {"enabled": True}
-
-
-def set_checksum_verification(enabled: bool) -> None:
-    """Whether loading a model checks its checksums.json (`--no-verify-checksums` turns it off for one command)."""
-    _VERIFY_CHECKSUMS["enabled"] = bool(enabled)
-
-
-_VERIFIED: set[tuple] = set()  # directories hashed by this process, with the size and mtime of each file then
-
-
-def verify_model_directory(directory: Path) -> None:
-    """A directory this project wrote carries checksums.json (`common.integrity.seal`): refuse one whose files changed
-    after it was written (flipped bytes inside a tensor pass every format check). Directories without it (hub
-    downloads, other tools' exports) are loaded as they are. Called by `read_config`, the first read of any model."""
-    seal = Path(directory) / "checksums.json"
-    if not _VERIFY_CHECKSUMS["enabled"] or not seal.is_file():
-        return
-    files = sorted(p for p in Path(directory).rglob("*") if p.is_file())
-    key = (str(Path(directory).resolve()), *((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files))
-    if key in _VERIFIED:
-        return
-    try:
-        problems = verify_directory(Path(directory))
-    except IntegrityError as err:
-        problems = [str(err)]
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise CheckpointError(
-            f"{problems[0]}{more}; the model in {directory} is refused: re-train or re-export it, or pass "
-            "--no-verify-checksums to load it anyway"
-        )
-    _VERIFIED.add(key)
-
-
-def read_config(directory: Path) -> dict:
-    """`config.json` as a dict; one CheckpointError naming the file when it is missing, not UTF-8 or not a JSON
-    object."""
+def read_config(directory: Path, verify_checksums: bool | None = None) -> dict:
+    """`config.json` as a dict, once the directory passed its checksums (`verification.verify_model_directory`;
+    `verify_checksums` None: as `set_checksum_verification` says); one CheckpointError naming the file when it is
+    missing, not UTF-8 or not a JSON object."""
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{directory}: not a model directory (no config.json)")
-    verify_model_directory(Path(directory))
+    verify_model_directory(Path(directory), verify_checksums)
     return read_object(path, CheckpointError, "a JSON object of config fields")
 
 
@@ -189,8 +151,13 @@ def save_early_exit(
     updated = {k: v for k, v in raw.items() if k != "early_exit"}
     if config.early_exit is not None:
         updated["early_exit"] = config.early_exit
+    original = (directory / "config.json").read_bytes()
     atomic_write_json(directory / "config.json", updated)
-    reseal(directory, ["config.json"])  # a sealed directory stays verifiable
+    try:
+        reseal(directory, ["config.json"])  # a sealed directory stays verifiable
+    except BaseException:
+        atomic_write_bytes(directory / "config.json", original)  # as it was: still matching its checksums
+        raise
     return config.early_exit
 
 
@@ -244,6 +211,7 @@ def load_pretrained(
     *,
     allow_random_encoder: bool = False,
     raw_config: dict | None = None,
+    verify_checksums: bool | None = None,
     **config_overrides: object,
 ) -> tuple[PreTrainedModel, LoadReport]:
     """Load any supported checkpoint (directory or hub name) into `model_class` (an ElasticBERT class); returns the
@@ -253,10 +221,12 @@ def load_pretrained(
     layers are left unused), `exit_layers=[2, 4]`, `num_labels=3`. `allow_random_encoder=True` loads a checkpoint
     even when embedding or layer weights would stay random (deliberate from-scratch use; the report lists them).
     `raw_config`: the directory's config.json as a caller already read it (`read_config`), so it is read once.
+    `verify_checksums=False` loads a sealed directory that fails its checksums (`elasticbert.verification`); None
+    follows `set_checksum_verification`.
     """
     _check_override_names(config_overrides)
     directory = resolve_pretrained(path, what="model")
-    raw = raw_config if raw_config is not None else read_config(directory)
+    raw = raw_config if raw_config is not None else read_config(directory, verify_checksums)
     model_type = raw.get("model_type")
     family = None
     if model_type == "elasticbert":

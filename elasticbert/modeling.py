@@ -31,6 +31,8 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.utils import ModelOutput
 
+from common.integrity import discard_seal
+
 from .configuration import ElasticBertConfig, validate_exit_layers
 from .dropout import Dropout, scaled_dot_product_attention
 from .early_exit import rule_for, run_batch
@@ -40,6 +42,7 @@ from .layouts import official_head_renames
 from .masked_lm import exits_masked_lm_loss
 from .masks import attention_mask_for_sdpa
 from .remote_code import AUTO_MAP, write_remote_code
+from .verification import verified_load, verify_pretrained_path
 
 # ----------------------------------------------------------------------------------------------------------- encoder
 
@@ -220,6 +223,7 @@ class ElasticBertPreTrainedModel(PreTrainedModel):
         """transformers' `save_pretrained`, plus what lets plain transformers load the directory with
         `trust_remote_code=True` and no `import elasticbert` (`remote_code`)."""
         self.config.auto_map = dict(AUTO_MAP)
+        discard_seal(save_directory)  # the files change: whoever writes the directory seals it again
         super().save_pretrained(save_directory, *args, **kwargs)
         write_remote_code(save_directory)
 
@@ -229,10 +233,15 @@ class ElasticBertPreTrainedModel(PreTrainedModel):
     ) -> PreTrainedModel:
         """transformers' loader, plus the released ElasticBERT fine-tuned heads (`classifiers.{i}`, `classifier`)
         mapped onto our exits through its `key_mapping` hook (the same renames `load_pretrained` applies). The model
-        then saves in our own layout, not in the one it was read from."""
+        then saves in our own layout, not in the one it was read from. A local directory is verified first
+        (`verification`; `verify_checksums=False` loads one that fails)."""
+        verify_pretrained_path(
+            pretrained_model_name_or_path, kwargs.get("subfolder"), kwargs.pop("verify_checksums", None)
+        )
         if kwargs.get("key_mapping") is None and issubclass(cls, ElasticBertForSequenceClassification):
             kwargs["key_mapping"] = _official_key_mapping(pretrained_model_name_or_path, kwargs)
-        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        with verified_load():
+            loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         model = loaded[0] if isinstance(loaded, tuple) else loaded  # output_loading_info=True returns a pair
         model._weight_conversions = []  # transformers would otherwise save back under the official names
         return loaded

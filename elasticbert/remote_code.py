@@ -8,6 +8,11 @@ files beside it (`configuration_elasticbert.py`, `modeling_elasticbert.py`) impo
 Without `trust_remote_code=True`, transformers refuses in one line that says to pass it; without this package
 installed, the files say `pip install` what (transformers checks a remote file's imports before running it). With
 `import elasticbert` done, the registered classes are used as before and nothing is executed from the directory.
+
+The files import the package's classes rather than copies of them, so loading through them runs the package's
+`from_pretrained`, which verifies a sealed directory's checksums.json first (`verification`): remote code loads no
+weights that `load_pretrained` would refuse (`pipeline(..., model_kwargs={"verify_checksums": False})` loads them
+anyway).
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from elasticbert.configuration import ElasticBertConfig
 __all__ = ["ElasticBertConfig"]
 ''',
     "modeling_elasticbert.py": f'''"""ElasticBERT's model classes for `trust_remote_code=True` loading: those of the
-elasticbert package ({INSTALL_HINT})."""
+elasticbert package ({INSTALL_HINT}), whose `from_pretrained` verifies this directory's checksums.json first
+(`verify_checksums=False` loads it anyway)."""
 
 from elasticbert.modeling import ElasticBertForPreTraining, ElasticBertForSequenceClassification, ElasticBertModel
 

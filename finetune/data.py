@@ -6,6 +6,8 @@ carries truncation and padding to 128 built in, which would otherwise apply sile
 Tokenizers: the one saved with the model, whatever its kind (`load_tokenizer`): WordPiece (BERT, our exports, the
 MiniLM package) through `BertTokenizer` - `AutoTokenizer` fails on a folder with only vocab.txt -, anything else
 (RoBERTa's byte-level BPE: vocab.json + merges.txt, or a tokenizer.json with a BPE model) through `AutoTokenizer`.
+A tokenizer meets a model only when it is the one the model was trained with (`paired_tokenizer`: identities from
+`common.vocab`, recorded in the model's config.json).
 Segment ids (token_type_ids) go to the model only when it has embeddings for a second segment (BERT: 2 types);
 for a one-type model (RoBERTa) every position gets type 0.
 
@@ -31,7 +33,15 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer, BertTokenizer, PreTrainedTokenizerBase
 
-from common.vocab import describe_unk, unk_fraction
+from common.vocab import (
+    TokenizerIdentity,
+    TokenizerIdentityError,
+    check_same_tokenizer,
+    describe_unk,
+    identity_of,
+    model_identity,
+    unk_fraction,
+)
 
 from .tasks import DataError, Example
 
@@ -89,6 +99,7 @@ def load_tokenizer(path: str | Path, type_vocab_size: int | None = None) -> PreT
         raise DataError(f"{directory}: tokenizer directory does not exist")
     if not any((directory / name).is_file() for name in TOKENIZER_FILES):
         raise DataError(f"{directory}: no tokenizer files ({', '.join(TOKENIZER_FILES)})")
+    paired_tokenizer(directory)  # a model directory's own tokenizer files must be what its config.json records
     kind = tokenizer_kind(directory)
     try:
         loader = BertTokenizer if kind == "wordpiece" else AutoTokenizer
@@ -102,6 +113,37 @@ def load_tokenizer(path: str | Path, type_vocab_size: int | None = None) -> PreT
     return tokenizer
 
 
+def paired_tokenizer(
+    tokenizer_dir: Path, model_dir: Path | None = None, vocab_size: int | None = None
+) -> TokenizerIdentity | None:
+    """The identity (`common.vocab`: vocabulary in id order, casing, special tokens) of the tokenizer in
+    `tokenizer_dir`, once it is known to be the one the model was trained with: the identity the model's config.json
+    records (pre-training and fine-tuning write it), else that of the tokenizer files beside its weights (a hub BERT,
+    the MiniLM package). `model_dir` None: `tokenizer_dir` is the model's own directory. A same-size vocabulary with
+    other ids, or a cased tokenizer on an uncased model, is refused (DataError naming both): its ids mean other words
+    to the model, and neither its size nor the [UNK] rate tells. `vocab_size`: the model's embeddings (a larger
+    tokenizer is refused as `check_vocabulary_fits` does)."""
+    own = model_dir is None or Path(model_dir).resolve() == Path(tokenizer_dir).resolve()
+    try:
+        found = identity_of(tokenizer_dir)
+        expected, where = model_identity(tokenizer_dir if model_dir is None else model_dir)
+    except TokenizerIdentityError as err:
+        raise DataError(str(err)) from None
+    fix = (
+        "Restore the tokenizer files saved with the model (its checksums.json names each changed file)"
+        if own
+        else "Use the model's own tokenizer (drop --tokenizer) or one with its vocabulary, casing and special tokens"
+    )
+    if found is not None and vocab_size is not None:
+        check_vocabulary_size(found.vocab_size, vocab_size, tokenizer_dir)
+    model = tokenizer_dir if model_dir is None else model_dir
+    found_where = f"the tokenizer saved in {tokenizer_dir}" if own else f"the tokenizer {tokenizer_dir}"
+    check_same_tokenizer(
+        found, found_where, expected, f"the model {model} was trained with ({where} so)", fix, DataError
+    )
+    return found or expected
+
+
 # `predict` judges a stream's [UNK] rate once this many tokens are in: one rare symbol in a short input is not a
 # vocabulary that does not fit; training judges the first UNK_SAMPLE examples of its training set.
 UNK_MIN_TOKENS = 2_000
@@ -110,7 +152,11 @@ UNK_SAMPLE = 2_000
 
 def check_vocabulary_fits(tokenizer: PreTrainedTokenizerBase, vocab_size: int, source: object) -> None:
     """A tokenizer whose ids reach past the model's embedding table is another model's: refused before any text."""
-    size = len(tokenizer)
+    check_vocabulary_size(len(tokenizer), vocab_size, source)
+
+
+def check_vocabulary_size(size: int, vocab_size: int, source: object) -> None:
+    """`check_vocabulary_fits` for a tokenizer of `size` entries."""
     if size > vocab_size:
         raise DataError(
             f"the tokenizer {source} has {size:,} entries but the model embeds {vocab_size:,} tokens: its ids mean "
@@ -186,17 +232,19 @@ def iterate_batches(
     seed: int = 0,
     drop_last: bool = False,
     shard: tuple[int, int] = (0, 1),
+    start_batch: int = 0,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Encoded batches in file order (evaluation) or a seeded shuffle (training); tokenised lazily, batch by batch.
 
     `shard=(r, R)` yields only batches r, r + R, ... (data parallelism: the same shuffle on every rank).
+    `start_batch=k` starts at this rank's k-th batch without tokenising the ones before (a resumed epoch).
     """
     order = list(range(len(examples)))
     if shuffle:
         random.Random(seed).shuffle(order)
     stop = len(order) - (len(order) % batch_size if drop_last else 0)
     rank, world = shard
-    for start in range(rank * batch_size, stop, batch_size * world):
+    for start in range((rank + start_batch * world) * batch_size, stop, batch_size * world):
         chunk = [examples[i] for i in order[start : start + batch_size]]
         if chunk:
             yield encode_examples(tokenizer, chunk, max_length)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from common.cli import add_command, add_output
 from common.errors import ConfigError
-from common.io import atomic_write_json
+from common.io import atomic_write_json, make_dirs, removed_on_failure
 
 from .elue import OUT_OF_RANGE, elue_score, load_baseline_with_info, load_curves, merge_systems
 
@@ -81,6 +81,7 @@ def main(args: argparse.Namespace) -> int:
     for name, entry in report.items():
         print(format_table(name, entry))
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(args.output, report, indent=1)
+        with removed_on_failure(Path(args.output).parent) as folder:  # no folder left behind by a failed write
+            make_dirs(folder)
+            atomic_write_json(args.output, report, indent=1)
     return 0

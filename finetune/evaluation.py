@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import shutil
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,7 +12,7 @@ import torch
 
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
-from common.io import atomic_write_json, atomic_write_text
+from common.io import atomic_write_json, atomic_write_text, make_dirs, removed_on_failure
 from elasticbert import ElasticBertForSequenceClassification
 
 from .config import load_run_config
@@ -20,6 +20,7 @@ from .data import EncodedSplit, forward_in_order, load_tokenizer, subsample
 from .model import check_max_length, exit_logits, load_finetuned, model_device, resolve_device
 from .plots import plot_layer_curve
 from .results import check_earlier_result, data_source, result_identity
+from .task_check import check_task_fits
 from .tasks import DataError, Example, MissingSplitError, TaskSpec, get_task, load_split, predictions_from_outputs
 
 
@@ -63,7 +64,7 @@ def per_exit_scores(
 def write_predictions(task: TaskSpec, examples: Sequence[Example], outputs: np.ndarray, path: Path) -> Path:
     """A GLUE-style submission file: header `index\\tprediction`, one row per test example, label names."""
     preds = predictions_from_outputs(task, outputs)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     lines = ["index\tprediction"] + [f"{e.index}\t{task.label_name(p)}" for e, p in zip(examples, preds)]
     atomic_write_text(path, "\n".join(lines) + "\n")
     return path
@@ -102,8 +103,11 @@ def evaluate_model(
     """Score every exit on `split`, plot the curve, and write test predictions. Returns what dev_scores.json holds.
 
     `max_length` defaults to the training run's (RUN/run_config.json beside RUN/best), else 128. Exits that were
-    never trained are scored with a warning and listed under `untrained_exits`. An `output` holding the evaluation of
-    another model or configuration is refused unless `overwrite` (then its prediction files are replaced too).
+    never trained are scored with a warning and listed under `untrained_exits`. A task whose labels the model's head
+    does not have is refused (`task_check`). An `output` holding the evaluation of another model or configuration is
+    refused unless `overwrite` (then its prediction files are replaced too). A run that fails leaves nothing it
+    created in `output` (not the folder either, when it made it) and never another model's dev_scores.json beside
+    its own files.
     """
     if batch_size < 1:
         raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
@@ -117,60 +121,96 @@ def evaluate_model(
         max_length = load_run_config(run_config).data.max_length if run_config.is_file() else 128
     check_max_length(model, max_length, model_dir)
     task = task_for(model, task_name)
-    if model.config.num_labels != task.num_labels:
-        raise DataError(
-            f"{model_dir}: model has num_labels={model.config.num_labels}, task {task.name} needs {task.num_labels}"
-        )
+    if note := check_task_fits(model.config, task, model_dir):
+        print(f"finetune: note: {note}", file=sys.stderr, flush=True)
     exit_layer = predict_exit or model.exit_layers[-1]
     if exit_layer not in model.exit_layers:
         raise DataError(f"--predict-exit {exit_layer}: the model's exits are {list(model.exit_layers)}")
-    tokenizer = load_tokenizer(model_dir)
     out_dir = Path(output)
     settings = dict(split=split, data_dir=data_source(data_dir), max_examples=max_examples, max_length=max_length)
-    settings["task"] = task.name
-    identity = result_identity(model_dir, **settings)
-    if overwrite:
-        shutil.rmtree(out_dir / "predictions", ignore_errors=True)
-    else:
+    identity = result_identity(model_dir, task=task.name, **settings)
+    if not overwrite:
         check_earlier_result(out_dir / "dev_scores.json", identity, "evaluation", "--overwrite to replace it")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    specs = companion_tasks(task)
-    result: dict = {
-        "identity": identity,
-        "model": str(model_dir),
-        "exit_layers": list(model.exit_layers),
-        "untrained_exits": model.untrained_exits,  # scored, but their heads are random (see the warning)
-        "tasks": {},
-    }
-    for spec in specs:
-        stem = spec.submission_name or spec.name.replace("/", "_")
-        examples = subsample(load_split(spec, data_dir, split), max_examples)
-        logits, labels = predict_exits(model, tokenizer, examples, batch_size, max_length)
-        scores = per_exit_scores(spec, logits, labels)
-        curve = out_dir / ("layer_curve.png" if len(specs) == 1 else f"layer_curve_{stem}.png")
-        entry: dict = {
-            "split": split,
-            "examples": len(examples),
-            "main_metric": spec.main_metric,
-            "exits": {str(k): v for k, v in scores.items()},
-            "curve": str(plot_layer_curve(spec, scores, curve)),
+    with removed_on_failure(out_dir):
+        make_dirs(out_dir)  # an output that cannot be a folder is refused before the scoring, not after it
+        if overwrite:  # another model's scores never stand beside this run's files, even if it fails
+            (out_dir / "dev_scores.json").unlink(missing_ok=True)
+        result: dict = {
+            "identity": identity,
+            "model": str(model_dir),
+            "exit_layers": list(model.exit_layers),
+            "untrained_exits": model.untrained_exits,  # scored, but their heads are random (see the warning)
+            "tasks": {},
         }
-        if test:
-            entry["test"] = _test_predictions(
-                model,
-                tokenizer,
-                spec,
-                data_dir,
-                out_dir / "predictions",
-                stem,
-                exit_layer,
-                all_exits,
-                batch_size,
-                max_length,
+        tokenizer = load_tokenizer(model_dir)
+        specs = companion_tasks(task)
+        for spec in specs:
+            result["tasks"][spec.name] = _evaluate_task(
+                model, tokenizer, spec, data_dir, out_dir, split, max_examples, batch_size, max_length, len(specs) > 1
             )
-        result["tasks"][spec.name] = entry
-    atomic_write_json(out_dir / "dev_scores.json", result)
+            if test:
+                result["tasks"][spec.name]["test"] = _test_predictions(
+                    model,
+                    tokenizer,
+                    spec,
+                    data_dir,
+                    out_dir / "predictions",
+                    exit_layer,
+                    all_exits,
+                    batch_size,
+                    max_length,
+                )
+        if overwrite:  # the earlier evaluation's prediction files that this one did not write
+            _remove_other_predictions(out_dir / "predictions", result)
+        atomic_write_json(out_dir / "dev_scores.json", result)
     return result
+
+
+def _evaluate_task(
+    model: ElasticBertForSequenceClassification,
+    tokenizer: object,
+    spec: TaskSpec,
+    data_dir: str | None,
+    out_dir: Path,
+    split: str,
+    max_examples: int | None,
+    batch_size: int,
+    max_length: int,
+    several: bool,
+) -> dict:
+    """One task's per-exit scores on `split` and its layer curve (written atomically: never a truncated PNG)."""
+    examples = subsample(load_split(spec, data_dir, split), max_examples)
+    logits, labels = predict_exits(model, tokenizer, examples, batch_size, max_length)
+    scores = per_exit_scores(spec, logits, labels)
+    curve = out_dir / (f"layer_curve_{_stem(spec)}.png" if several else "layer_curve.png")
+    make_dirs(out_dir)
+    plot_layer_curve(spec, scores, curve)
+    return {
+        "split": split,
+        "examples": len(examples),
+        "main_metric": spec.main_metric,
+        "exits": {str(k): v for k, v in scores.items()},
+        "curve": str(curve),
+    }
+
+
+def _stem(spec: TaskSpec) -> str:
+    return spec.submission_name or spec.name.replace("/", "_")
+
+
+def _remove_other_predictions(directory: Path, result: dict) -> None:
+    """Remove the files under `directory` that `result` does not list (an earlier evaluation's), and empty folders."""
+    written = {
+        Path(path)
+        for entry in result["tasks"].values()
+        if isinstance(entry.get("test"), dict)
+        for path in entry["test"]["files"]
+    }
+    for path in sorted(directory.rglob("*"), key=lambda p: len(p.parts), reverse=True) if directory.is_dir() else []:
+        if path.is_file() and path not in written:
+            path.unlink()
+        elif path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
 
 
 def _test_predictions(
@@ -179,7 +219,6 @@ def _test_predictions(
     spec: TaskSpec,
     data_dir: str | None,
     directory: Path,
-    stem: str,
     exit_layer: int,
     all_exits: bool,
     batch_size: int,
@@ -193,6 +232,7 @@ def _test_predictions(
     except MissingSplitError as err:
         return f"skipped: {err}"
     logits, _ = predict_exits(model, tokenizer, examples, batch_size, max_length)
+    stem = _stem(spec)
     files = [write_predictions(spec, examples, logits[exit_layer], directory / f"{stem}.tsv")]
     if all_exits:
         files += [

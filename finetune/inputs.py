@@ -171,8 +171,12 @@ def read_inputs(path: str | Path, fmt: str, task_columns: Sequence[Sequence[str]
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     parser = LineParser(fmt, str(path), task_columns)
-    with open(path, "rb") as handle:
-        inputs = [item for number, raw in enumerate(handle, start=1) if (item := parser.feed(number, raw))]
+    try:
+        with open(path, "rb") as handle:
+            inputs = [item for number, raw in enumerate(handle, start=1) if (item := parser.feed(number, raw))]
+    except OSError as err:  # a failed read() names no file by itself
+        err.filename = err.filename or str(path)
+        raise
     parser.finish()
     return inputs
 
@@ -187,6 +191,8 @@ def _read_lines(stream: BinaryIO, lines: queue.Queue) -> None:
             lines.put(raw)
         lines.put(_END)
     except BaseException as err:  # handed to the main thread, which raises it
+        if isinstance(err, OSError) and not err.filename:
+            err.filename = STDIN  # a failed read() names no file by itself
         lines.put(err)
 
 

@@ -5,11 +5,20 @@
   trains the intermediate exits, distilling from the last exit (the teacher).
 - ALT (BERxiT): one phase; odd steps (1-based) train all exits, even steps the last exit only.
 A single exit (plain fine-tuning or static truncation) is JT with one exit.
+Each phase gets a fresh optimizer (`build_optimizer`: AdamW over what the phase trains) and schedule
+(`linear_schedule`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
+
+from elasticbert import ElasticBertForSequenceClassification
+
+from .config import FinetuneConfig
+from .model import exit_parameters
 
 
 @dataclass(frozen=True)
@@ -67,3 +76,35 @@ def exit_weights(exits: tuple[int, ...], scheme: str) -> dict[int, float]:
         total = float(sum(exits))
         return {layer: len(exits) * layer / total for layer in exits}
     raise ValueError(f"unknown exit weighting {scheme!r}")
+
+
+def linear_schedule(optimizer: torch.optim.Optimizer, total: int, warmup: float) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup over `warmup`·total steps, then linear decay to 0 (BERT's schedule)."""
+    warm = int(round(warmup * total))
+
+    def factor(step: int) -> float:
+        if warm and step < warm:
+            return (step + 1) / warm
+        return max(0.0, (total - step) / max(1, total - warm))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def build_optimizer(model: ElasticBertForSequenceClassification, cfg: FinetuneConfig) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters; no weight decay on biases and LayerNorm; exits may get `exit_lr`."""
+    head_ids = {id(p) for layer in model.exit_layers for p in exit_parameters(model, layer)}
+    groups: dict[tuple[bool, bool], list[torch.nn.Parameter]] = {}
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        no_decay = param.ndim < 2 or "LayerNorm" in name
+        groups.setdefault((id(param) in head_ids, no_decay), []).append(param)
+    param_groups = [
+        {
+            "params": params,
+            "weight_decay": 0.0 if no_decay else cfg.optim.weight_decay,
+            "lr": (cfg.optim.exit_lr if cfg.optim.exit_lr is not None else cfg.optim.lr) if is_head else cfg.optim.lr,
+        }
+        for (is_head, no_decay), params in groups.items()
+    ]
+    return torch.optim.AdamW(param_groups, lr=cfg.optim.lr)

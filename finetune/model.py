@@ -31,6 +31,7 @@ from elasticbert import CheckpointError, ElasticBertForSequenceClassification, L
 from elasticbert.loading import read_config
 
 from .config import FinetuneConfig, TrainConfig
+from .data import paired_tokenizer
 from .tasks import TaskSpec
 
 
@@ -107,6 +108,9 @@ def build_model(cfg: FinetuneConfig, task: TaskSpec) -> tuple[ElasticBertForSequ
     model, report = load_pretrained(ElasticBertForSequenceClassification, directory, raw_config=raw, **overrides)
     cfg.validate(task.num_labels, depth, max_positions(model))
     model.config.finetuning_task = task.name
+    tokenizer_dir = resolve_pretrained(cfg.model.tokenizer, what="--tokenizer") if cfg.model.tokenizer else directory
+    identity = paired_tokenizer(Path(tokenizer_dir), Path(directory), model.config.vocab_size)  # or refused
+    model.config.tokenizer_identity = identity.to_dict() if identity is not None else None  # saved with best/
     return model, report
 
 

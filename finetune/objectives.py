@@ -9,6 +9,9 @@ sum over the batch); "mean" averages over the anchors that have positives.
 - SCL: the items are the exit representations (N items).
 - ACL-Embed: plus the K label embeddings (rows of the exit classifier's weight), item k labelled k (N + K items).
 - ACL-CL: plus the frozen teacher exit's representations and label embeddings, detached (2N + 2K items).
+
+`exit_terms` assembles them for one training step: each trained exit's task term (with KD from the teacher for
+students) and its contrastive term, as `cfg.objective` says.
 """
 
 from __future__ import annotations
@@ -16,7 +19,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from elasticbert import ElasticBertForSequenceClassification
 from elasticbert.modeling import upcast
+
+from .acl_grad import ExitTerms
+from .config import FinetuneConfig
+from .methods import Phase, exit_weights
+from .model import exit_parameters, label_embeddings
+
+ExitOutputs = dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> (representation h^e, logits)
 
 
 def supervised_contrastive(
@@ -103,3 +114,44 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperat
     return F.kl_div(
         F.log_softmax(student / t, dim=-1), F.log_softmax(teacher / t, dim=-1), reduction="batchmean", log_target=True
     ) * (t * t)
+
+
+def exit_terms(
+    model: ElasticBertForSequenceClassification,
+    cfg: FinetuneConfig,
+    phase: Phase,
+    step: int,
+    outputs: ExitOutputs,
+    labels: torch.Tensor,
+) -> list[ExitTerms]:
+    """Each trained exit's task term ((1−β)·CE + β·KD for students) and contrastive term (per `cfg.objective`)."""
+    obj = cfg.objective
+    exits = phase.exits_at(step)
+    weights = exit_weights(exits, cfg.method.jt_weights)
+    kd_weight = obj.kd_weight if obj.kd_weight is not None else (0.5 if phase.freeze_backbone else 0.0)
+    teacher = phase.teacher
+    terms = []
+    for layer in exits:
+        rep, logits = outputs[layer]
+        task = task_loss(logits, labels)
+        student = teacher is not None and layer != teacher
+        if student and kd_weight > 0:
+            task = (1.0 - kd_weight) * task + kd_weight * kd_loss(logits, outputs[teacher][1], obj.kd_temperature)
+        contrastive = None
+        if obj.name == "ce+scl":
+            contrastive = scl_loss(rep, labels, obj.tau, obj.contrastive_reduction)
+        elif obj.name == "acl" or (obj.name == "acl-cl" and not student):
+            embeddings = label_embeddings(model, layer)
+            contrastive = acl_embed_loss(rep, labels, embeddings, obj.tau, obj.contrastive_reduction)
+        elif obj.name == "acl-cl":
+            contrastive = acl_cl_loss(
+                rep,
+                labels,
+                label_embeddings(model, layer),
+                outputs[teacher][0],
+                label_embeddings(model, teacher),
+                obj.tau,
+                obj.contrastive_reduction,
+            )
+        terms.append(ExitTerms(layer, weights[layer], task, contrastive, rep, exit_parameters(model, layer)))
+    return terms

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.io import read_object
+from common.io import atomic_path, make_dirs, read_object
 
 from .early_exit.rules import STRATEGIES
 from .tasks import DataError, TaskSpec
@@ -31,9 +31,13 @@ def _pyplot():  # noqa: ANN202 - matplotlib's module
 
 
 def _save(fig: object, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    _pyplot().close(fig)
+    """Written atomically (never a truncated PNG left looking complete); an OS error names `path`."""
+    try:
+        make_dirs(path.parent)
+        with atomic_path(path, keep_suffix=True) as tmp:
+            fig.savefig(tmp, dpi=120)
+    finally:
+        _pyplot().close(fig)
     return path
 
 

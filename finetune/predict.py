@@ -20,6 +20,12 @@ The rule: `strategy`/`threshold` (entropy, maxprob, patience, pcee, lte with `lt
 or `operating_point="RESULT.json:fastest-within=1.0"` (see `early_exit.operating_point`), else the setting saved in
 the model's config (`elasticbert.save_early_exit`; what `pipeline("text-classification")` runs), else the full
 model. The `predict` command (`predict_cli.py`) is this class on files and stdin.
+
+Every input gets its own verdict before it is classified (`verdicts`): one the model cannot read - nothing visible
+(`empty`), punctuation only (`no-words`), mostly characters its vocabulary does not know (`unknown-text`: no more than
+`min_readable_share` of them readable) - is not classified, and its record says so instead of carrying a label:
+`{"flag": "unknown-text", "reason": "6 of its 7 characters are unreadable ..."}` (with its `id`). Callers check
+`"flag" in record`; a record with a label is always one the model could read.
 """
 
 from __future__ import annotations
@@ -47,7 +53,9 @@ from .early_exit.operating_point import OperatingPoint, choose_operating_point
 from .early_exit.rules import PREDICT_STRATEGIES, check_strategy, make_rule, threshold_problem
 from .inputs import TextInput
 from .model import check_max_length, load_finetuned, model_device, resolve_device
+from .task_check import check_task_fits, model_task
 from .tasks import DataError, Example, TaskSpec, get_task
+from .verdicts import DEFAULT_MIN_READABLE_SHARE, Verdict, VocabularyJudge, character_verdict
 
 Input = str | tuple[str, str] | list[str] | TextInput
 
@@ -70,12 +78,19 @@ class EarlyExitClassifier:
         task: TaskSpec | None = None,
         max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION,
         precision: str = "fp32",
+        min_readable_share: float = DEFAULT_MIN_READABLE_SHARE,
     ) -> None:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         if not 0.0 <= max_unk_fraction <= 1.0:
             raise ConfigError(f"--max-unk-fraction must be within [0, 1] (1 never refuses), got {max_unk_fraction}")
+        if not 0.0 <= min_readable_share < 1.0:
+            raise ConfigError(
+                f"--min-readable-share must be within [0, 1) (0: any input with one readable character), got "
+                f"{min_readable_share}"
+            )
         check_vocabulary_fits(tokenizer, model.config.vocab_size, getattr(tokenizer, "name_or_path", "of the model"))
+        self.judge = VocabularyJudge(tokenizer, min_readable_share)
         self.model, self.tokenizer = for_inference(model, precision), tokenizer
         self.precision = precision
         self.max_unk_fraction, self.unk_seen = max_unk_fraction, [0, 0]  # [UNK] and text tokens of all inputs
@@ -102,6 +117,7 @@ class EarlyExitClassifier:
         device: str = "auto",
         max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION,
         precision: str | None = None,
+        min_readable_share: float = DEFAULT_MIN_READABLE_SHARE,
     ) -> EarlyExitClassifier:
         """A fine-tuned model directory (RUN/best) or hub name, with the rule chosen as the module docstring says;
         `max_length` defaults to the operating point's, else the training run's (RUN/run_config.json), else 128;
@@ -131,6 +147,7 @@ class EarlyExitClassifier:
             task=task,
             max_unk_fraction=max_unk_fraction,
             precision=precision,
+            min_readable_share=min_readable_share,
         )
         classifier.description = _describe(classifier.setting, point, strategy, threshold) + f"; {precision}"
         return classifier
@@ -160,22 +177,47 @@ class EarlyExitClassifier:
 
     def predict_inputs(self, inputs: Sequence[TextInput], progress: Callable[[int], None] | None = None) -> list[dict]:
         """`predict` on parsed inputs; `progress(n)` after each batch of n. Single texts and pairs are batched
-        apart (a batch is one or the other)."""
+        apart (a batch is one or the other). An input the model cannot read gets its verdict instead of a prediction
+        (see the module docstring)."""
         self._check_kinds(inputs)
         records: list[dict | None] = [None] * len(inputs)
         for pairs in (False, True):
             positions = [i for i, item in enumerate(inputs) if (item.text_b is not None) == pairs]
-            if not positions:
-                continue
-            examples = [Example(inputs[i].text_a, inputs[i].text_b, None, i) for i in positions]
-            split = EncodedSplit.from_examples(self.tokenizer, examples, self.max_length)
-            self._check_unk(split)
-            batches = split.batches(self.batch_size, device=self.device)
-            result, _ = run_dataset(self.model, batches, self.rule, progress=progress)
-            flops, _ = per_sample_flops(self.model.config, result, self.lte_dim)
-            for row, i in enumerate(positions):
-                records[i] = self._record(result, row, float(flops[row]), inputs[i].id)
+            if positions:
+                self._predict_group(inputs, positions, records, progress)
         return records
+
+    def _predict_group(
+        self,
+        inputs: Sequence[TextInput],
+        positions: list[int],
+        records: list[dict | None],
+        progress: Callable[[int], None] | None,
+    ) -> None:
+        """Judge and classify `inputs[positions]` (all single texts, or all pairs) into `records`."""
+        verdicts = {i: verdict for i in positions if (verdict := _judged(inputs[i], character_verdict))}
+        readable = [i for i in positions if i not in verdicts]
+        if readable:
+            examples = [Example(inputs[i].text_a, inputs[i].text_b, None, i) for i in readable]
+            split = EncodedSplit.from_examples(self.tokenizer, examples, self.max_length)
+            for row in self.judge.suspects(split.input_ids).nonzero().flatten().tolist():  # vocabulary checks
+                if verdict := _judged(inputs[readable[row]], self.judge.verdict):
+                    verdicts[readable[row]] = verdict
+            rows = [row for row, i in enumerate(readable) if i not in verdicts]
+            if rows:
+                split = split.select(torch.tensor(rows)) if len(rows) < len(readable) else split
+                self._check_unk(split)
+                result, _ = run_dataset(self.model, split.batches(self.batch_size, device=self.device), self.rule)
+                flops, _ = per_sample_flops(self.model.config, result, self.lte_dim)
+                for kept, row in enumerate(rows):
+                    item = inputs[readable[row]]
+                    records[readable[row]] = self._record(result, kept, float(flops[kept]), item.id)
+                if progress is not None:
+                    progress(len(rows))
+        for i, verdict in verdicts.items():
+            records[i] = {"id": inputs[i].id, **verdict.record()} if inputs[i].id is not None else verdict.record()
+        if progress is not None and verdicts:
+            progress(len(verdicts))
 
     def _check_unk(self, split: EncodedSplit) -> None:
         """Refuse inputs this model's vocabulary does not fit (data_prep's guard), once `UNK_MIN_TOKENS` are in."""
@@ -226,6 +268,13 @@ def _describe(
     if strategy is None and threshold is None:
         return f"{rule}, the model's saved setting" if setting["strategy"] != "static" else rule
     return rule
+
+
+def _judged(item: TextInput, judge: Callable[[str, str], Verdict | None]) -> Verdict | None:
+    """`judge`'s verdict on an input: its text, or each text of a pair (the reason names which)."""
+    if item.text_b is None:
+        return judge(item.text_a, "")
+    return judge(item.text_a, "the first text: ") or judge(item.text_b, "the second text: ")
 
 
 def _as_input(text: Input, i: int) -> TextInput:
@@ -313,14 +362,16 @@ def _load(directory: Path, full_model_only: bool) -> ElasticBertForSequenceClass
 def _task_of(
     model: ElasticBertForSequenceClassification, point: OperatingPoint | None, directory: Path
 ) -> TaskSpec | None:
-    """The task the model was fine-tuned on, when it names one this project knows (None otherwise)."""
-    name = getattr(model.config, "finetuning_task", None)
-    try:
-        task = get_task(name) if name else None
-    except DataError:
-        task = None
-    if point is not None and point.task and task is not None and get_task(point.task).name != task.name:
-        raise ConfigError(f"the operating point was measured on {point.task}; {directory} was fine-tuned on {name}")
+    """The task the model was fine-tuned on, when it names one this project knows and its head fits it (None
+    otherwise). An operating point measured on another task is refused: its threshold was chosen on other data."""
+    task = model_task(model.config)
+    if point is not None and point.task:
+        measured = get_task(point.task)
+        if task is not None and measured.name != task.name:
+            raise ConfigError(
+                f"the operating point was measured on {point.task}; {directory} was fine-tuned on {task.name}"
+            )
+        check_task_fits(model.config, measured, directory, option="the operating point's task")
     if point is not None and point.model and Path(point.model).resolve() != Path(directory).resolve():
         print(
             f"finetune: note: the operating point was measured on {point.model}, predictions use {directory}",

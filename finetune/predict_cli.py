@@ -2,11 +2,13 @@
 a model's config, for `transformers.pipeline`).
 
 predict reads a file (txt, JSONL or TSV; see `inputs.py`) or stdin and writes one JSON line per input, in input
-order: `label`, `probabilities`, `exit_layer`, `flops`, `tokens` (see `predict.py`). A file is read and checked
-whole, then classified in length-sorted batches with a progress bar; stdin is streamed: lines are classified in
-small batches as they arrive and each answer is written (and flushed) at once. `--output FILE` is written atomically
-(nothing is left on an error) and never replaces an existing file without `--overwrite`. A summary (inputs/s, exit
-histogram, mean FLOPs against the full model's) goes to stderr.
+order: `label`, `probabilities`, `exit_layer`, `flops`, `tokens` (see `predict.py`); an input the model cannot read
+(nothing visible, punctuation only, or mostly characters its vocabulary does not know: `verdicts.py`) gets `flag`
+and `reason` instead, the summary names such inputs (FILE:LINE), and a run in which no input was readable exits 2. A
+file is read and checked whole, then classified in length-sorted batches with a progress bar; stdin is streamed:
+lines are classified in small batches as they arrive and each answer is written (and flushed) at once. `--output
+FILE` is written atomically (nothing is left on an error) and never replaces an existing file without `--overwrite`.
+A summary (inputs/s, exit histogram, mean FLOPs against the full model's) goes to stderr.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal, TextIO
+from typing import BinaryIO, Literal
 
 import numpy as np
 import torch
@@ -28,7 +30,7 @@ from tqdm.auto import tqdm
 
 from common.cli import add_command, add_output, config_argument
 from common.errors import ConfigError
-from common.io import atomic_path
+from common.io import atomic_path, make_dirs, removed_on_failure, write_all
 from common.vocab import DEFAULT_MAX_UNK_FRACTION
 from elasticbert import save_early_exit
 from elasticbert.flops import sample_flops
@@ -39,6 +41,8 @@ from .early_exit.rules import PREDICT_STRATEGIES
 from .inputs import STDIN, InputFormat, LineParser, TextInput, arriving_batches, read_inputs, resolve_format
 from .model import add_device, resolve_device
 from .predict import EarlyExitClassifier
+from .tasks import DataError
+from .verdicts import DEFAULT_MIN_READABLE_SHARE
 
 PredictStrategy = Literal["entropy", "maxprob", "patience", "pcee", "lte", "static"]
 CHUNK = 4096  # inputs of a file classified (and written) at a time: length-sorted within, memory bounded
@@ -60,6 +64,7 @@ class PredictConfig:
     batch_size: int = 32
     max_length: int | None = None
     max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION
+    min_readable_share: float = DEFAULT_MIN_READABLE_SHARE
     threads: int | None = None
     progress: bool = True
     overwrite: bool = False
@@ -99,6 +104,11 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     option("batch_size", help="inputs per batch (stdin: at most; batches close as lines stop arriving)")
     option("max_length", help="tokens per input (default: the operating point's, else the training run's, else 128)")
     option("max_unk_fraction", help="refuse inputs the model's vocabulary turns into more [UNK] than this (1: never)")
+    option(
+        "min_readable_share",
+        help="classify an input only when more than this share of its characters are readable to the model's "
+        "vocabulary (else: flag unknown-text; 0: any input with one readable character)",
+    )
     add_device(p)
     option("threads", help="torch intra-op threads")
     option("progress", help="progress bar for files (stderr)")
@@ -146,18 +156,46 @@ def option_problems(args: argparse.Namespace) -> list[str]:
 
 
 class Tally:
-    """What the summary needs of every prediction (kept as numbers, not records: stdin may stream for long)."""
+    """What the summary needs of every prediction (kept as numbers, not records: stdin may stream for long), and
+    which inputs were not classified (their verdicts: `verdicts.py`)."""
 
     def __init__(self) -> None:
         self.layers: list[int] = []
         self.flops: list[float] = []
         self.tokens: list[int] = []
+        self.flagged: dict[str, int] = {}
+        self.examples: list[str] = []  # FILE:LINE: reason of the first few unclassified inputs
 
-    def add(self, records: list[dict]) -> None:
-        for record in records:
+    def add(self, records: list[dict], inputs: list[TextInput]) -> None:
+        for record, item in zip(records, inputs):
+            if "flag" in record:
+                self.flagged[record["flag"]] = self.flagged.get(record["flag"], 0) + 1
+                if len(self.examples) < 3:
+                    self.examples.append(f"{item.where}: {record['flag']} ({record['reason']})")
+                continue
             self.layers.append(record["exit_layer"])
             self.flops.append(record["flops"])
             self.tokens.append(record["tokens"])
+
+    def unclassified(self) -> str:
+        """'2 of 5 inputs were not classified (unknown-text 1, no-words 1): FILE:LINE: ...', or ''."""
+        count = sum(self.flagged.values())
+        if not count:
+            return ""
+        kinds = ", ".join(f"{flag} {n}" for flag, n in sorted(self.flagged.items()))
+        total = count + len(self.layers)
+        return f"{count} of {total} inputs were not classified ({kinds}): " + "; ".join(self.examples)
+
+    def hint(self) -> str:
+        """What to do when every input was unreadable to the vocabulary: either the text is not in the model's
+        language, or the tokenizer is not the model's (the same tell as data_prep's [UNK] guard)."""
+        if set(self.flagged) != {"unknown-text"}:
+            return ""
+        return (
+            ". If these texts are in the model's language, its tokenizer does not fit them (another model's "
+            "vocabulary, cased vs uncased?); --min-readable-share 0 (with --max-unk-fraction 1) classifies what it "
+            "can read"
+        )
 
     def summary(self, seconds: float, classifier: EarlyExitClassifier) -> str:
         """Inputs/s, the exit histogram, mean FLOPs against the full model's (last exit only) on the same inputs."""
@@ -200,53 +238,71 @@ def main(args: argparse.Namespace) -> int:
         device=str(device),
         max_unk_fraction=args.max_unk_fraction,
         precision=args.precision,
+        min_readable_share=args.min_readable_share,
     )
     print(f"predict: {args.model} on {device}; rule: {classifier.description}", file=sys.stderr, flush=True)
     columns = classifier.task.text_columns if classifier.task is not None else None
+    inputs = read_inputs(args.input, fmt, columns) if args.input != "-" else None  # checked whole, before any output
     tally, start = Tally(), time.perf_counter()
     try:
         with output_stream(args.output) as out:
-            if args.input == "-":
+            if inputs is None:
                 parser = LineParser(fmt, STDIN, columns)
                 for batch in arriving_batches(sys.stdin.buffer, parser, args.batch_size):
-                    tally.add(_write(out, batch, classifier))
+                    tally.add(_write(out, batch, classifier), batch)
             else:
-                _predict_file(classifier, read_inputs(args.input, fmt, columns), out, tally, args.progress)
+                _predict_file(classifier, inputs, out, tally, args.progress)
+            if not tally.layers:  # a file of emoji or of another script: no label is a meaningful answer
+                raise DataError(f"no input could be classified: {tally.unclassified()}{tally.hint()}")
     except BrokenPipeError:  # the reader of stdout went away (`| head`): nothing more to say
         sys.stdout = None
         return 0
+    if tally.flagged:
+        note = "their records carry `flag` and `reason` instead of a label"
+        print(f"predict: note: {tally.unclassified()}; {note}", file=sys.stderr)
     print(tally.summary(time.perf_counter() - start, classifier), file=sys.stderr)
     return 0
 
 
 def _predict_file(
-    classifier: EarlyExitClassifier, inputs: list[TextInput], out: TextIO, tally: Tally, progress: bool
+    classifier: EarlyExitClassifier, inputs: list[TextInput], out: BinaryIO, tally: Tally, progress: bool
 ) -> None:
     """A file's inputs, `CHUNK` at a time, with a progress bar."""
     with tqdm(total=len(inputs), unit="text", desc="predict", disable=not progress, file=sys.stderr) as bar:
         for start in range(0, len(inputs), CHUNK):
-            tally.add(_write(out, inputs[start : start + CHUNK], classifier, bar.update))
+            chunk = inputs[start : start + CHUNK]
+            tally.add(_write(out, chunk, classifier, bar.update), chunk)
 
 
 def _write(
-    out: TextIO, inputs: list[TextInput], classifier: EarlyExitClassifier, progress: Callable | None = None
+    out: BinaryIO, inputs: list[TextInput], classifier: EarlyExitClassifier, progress: Callable | None = None
 ) -> list[dict]:
-    """Classify `inputs` and write their lines (flushed: a stream's reader sees each answer at once)."""
+    """Classify `inputs` and write their lines, every byte of them (`common.io.write_all`: a short write to a full
+    disk is an error, not a lost tail) and flushed (a stream's reader sees each answer at once)."""
     records = classifier.predict_inputs(inputs, progress)
-    out.write("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
-    out.flush()
+    lines = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+    write_all(out, lines.encode("utf-8"), getattr(out, "name", None))  # stdout's: `<stdout>`
     return records
 
 
+def _stdout() -> BinaryIO:
+    """stdout's bytes (under PYTHONUNBUFFERED=1 its unbuffered file, whose write() may write part of what it is
+    given: `write_all` writes the rest or raises)."""
+    sys.stdout.flush()
+    return sys.stdout.buffer
+
+
 @contextlib.contextmanager
-def output_stream(path: str | None) -> Iterator[TextIO]:
-    """stdout, or `path` written under a temporary name and renamed when everything is in (nothing on an error)."""
+def output_stream(path: str | None) -> Iterator[BinaryIO]:
+    """stdout, or `path` written under a temporary name and renamed when everything is in: nothing on an error (nor
+    the folders made for it), and a failed write or close names `path` (`common.io.atomic_path`)."""
     if path is None:
-        yield sys.stdout
+        yield _stdout()
         return
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
-        yield handle
+    with removed_on_failure(Path(path).parent) as folder:
+        make_dirs(folder)
+        with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+            yield handle
 
 
 def save_main(args: argparse.Namespace) -> int:

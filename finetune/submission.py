@@ -30,6 +30,7 @@ writes one directory per point, `DIR/<strategy>_<threshold>/`, each a complete s
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,16 +39,17 @@ import numpy as np
 
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
-from common.io import atomic_write_json, atomic_write_text
+from common.io import atomic_write_json, atomic_write_text, make_dirs, removed_on_failure
 from elasticbert import ElasticBertForSequenceClassification
 
 from . import elue_modules
 from .data import Batch, EncodedSplit, load_tokenizer
 from .early_exit.engine import exit_histogram, per_sample_flops, run_dataset
 from .early_exit.lte import LearnedExitHead
-from .early_exit.rules import make_rule
+from .early_exit.rules import degenerate_problem, make_rule
 from .early_exit.sweep import is_early_exit_result
 from .model import check_max_length, load_finetuned, resolve_device
+from .task_check import check_task_fits
 from .tasks import DataError, TaskSpec, get_task, load_split
 
 
@@ -92,7 +94,7 @@ def write_submission(
     """Write one task's submission files (see the module docstring) into `directory`; `config` is the model's
     (an ElasticBertConfig, or anything with its attributes) and gives the traced shapes and model.py."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    make_dirs(directory)
     name = task.submission_name or task.name
     hidden, exit_type = int(config.hidden_size), str(config.exit_type)
     pred_lines = ["index\tprediction\n"]
@@ -180,6 +182,8 @@ class TestRun:
         model_dir = resolve_pretrained(results["model"], what="the result's model")
         if model is None:
             model = load_finetuned(model_dir, require_trained=True, purpose="a submission").to(place)
+        if note := check_task_fits(model.config, task, model_dir, option="the result's task"):
+            print(f"finetune: note: {note}", file=sys.stderr, flush=True)
         max_length, batch_size = int(results.get("max_length", 128)), int(results.get("batch_size", 32))
         check_max_length(model, max_length, model_dir)
         if batch_size < 1:
@@ -253,16 +257,26 @@ def write_submissions_for_results(
     unknown = sorted(set(strategies or ()) - set(results["strategies"]))
     if unknown:
         raise ConfigError(f"--strategy {','.join(unknown)}: the result has only {', '.join(results['strategies'])}")
-    run = TestRun.from_results(results, model, split_name, device)
-    written = []
-    for name, entry in results["strategies"].items():
-        if strategies is not None and name not in strategies:
-            continue
-        head = lte_head if name != "lte" or lte_head is not None else _lte_head_of(results)
-        for point in entry["points"]:
-            out = Path(directory) / f"{name}_{point['threshold']:g}"
-            run.write_point(name, point, entry.get("params", {}), head, out)
-            written.append(out)
+    written, skipped = [], []
+    with removed_on_failure(directory):  # a failed run leaves no point directory half-written
+        make_dirs(directory)  # an output that cannot be a folder is refused before the test split is run
+        run = TestRun.from_results(results, model, split_name, device)
+        for name, entry in results["strategies"].items():
+            if strategies is not None and name not in strategies:
+                continue
+            head = lte_head if name != "lte" or lte_head is not None else _lte_head_of(results)
+            for point in entry["points"]:
+                if problem := degenerate_problem(name, point["threshold"], run.model.config.num_labels):
+                    skipped.append(problem)  # an earlier version's sweep measured it: not a rule's point
+                    continue
+                out = Path(directory) / f"{name}_{point['threshold']:g}"
+                run.write_point(name, point, entry.get("params", {}), head, out)
+                written.append(out)
+        if skipped:
+            print(f"submission: skipped {len(skipped)} point(s): {'; '.join(skipped)}", file=sys.stderr, flush=True)
+        if not written:  # an empty submission folder must not look like a written one
+            why = "; ".join(skipped) or f"the result's strategies {sorted(results['strategies'])} hold no points"
+            raise ConfigError(f"no operating point to write: {why}")
     return written
 
 

@@ -12,6 +12,7 @@ import json
 import sys
 
 from common.cli import add_command, add_output, add_switch, config_argument, given_config_keys
+from common.preemption import Preempted
 
 from .config import FinetuneConfig, flag, load_config_file, parse_exit_lr, recipe_names, resolve_config
 from .trainer import run_training
@@ -29,6 +30,8 @@ EPILOG = """examples:
   # everything in a file of the presets' shape (finetune/presets/*.yaml)
   python -m finetune train --config my_run.yaml --output runs/mine
 The model lands in OUTPUT/best (load with elasticbert.load_pretrained(ElasticBertForSequenceClassification, dir)).
+SIGTERM / SIGUSR1 (Slurm's preemption and time-limit signals) save a resume checkpoint in OUTPUT/resume before the
+next step and exit 75; the same command resumes the run, which ends as an uninterrupted one would have.
 """
 
 
@@ -63,8 +66,16 @@ def _run_arguments(g: argparse._ArgumentGroup) -> None:
         metavar="KEY=VALUE",
         help="set any config key, e.g. --set optim.warmup=0.06 (repeatable; values parsed as YAML)",
     )
-    add_output(g, "run directory (a finished or running run there is refused; see --overwrite)")
-    add_switch(g, "--overwrite", False, "replace a finished run in --output (a running one is never replaced)")
+    add_output(
+        g,
+        "run directory (a finished or running run there is refused, see --overwrite; a preempted one is resumed)",
+    )
+    add_switch(
+        g,
+        "--overwrite",
+        False,
+        "replace a finished run in --output, or start a preempted one over (a running one is never replaced)",
+    )
 
 
 # One shortcut flag per config key (`config.flag(key)` spells it), by help group.
@@ -163,7 +174,12 @@ def _main(args: argparse.Namespace) -> int:
     if args.config:
         changed = sorted(k for k, v in sources.items() if v.startswith("-"))
         print(f"{args.config}: overridden on the command line: {', '.join(changed) or 'nothing'}", file=sys.stderr)
-    summary = run_training(cfg, args.output, args.overwrite, sources)
+    try:
+        summary = run_training(cfg, args.output, args.overwrite, sources)
+    except Preempted as stop:  # saved (or nothing to save yet): one line, and the requeue code
+        if str(stop):
+            print(f"finetune: {stop} (exit {stop.exit_code})", file=sys.stderr, flush=True)
+        return stop.exit_code
     best = summary["best"]
     curve = ", ".join(f"L{k}: {v[summary['main_metric']]:.2f}" for k, v in best["exits"].items())
     print(

@@ -10,6 +10,11 @@ Run directory: best/ (model + tokenizer, `save_pretrained`), run_config.json, de
 the best checkpoint + history), layer_curve.png, tensorboard/ (events), acl_diagnostics.json (when a contrastive
 objective runs). `best/` and then `dev_scores.json` are written last, each atomically: a run killed before that leaves
 neither (see `run_dir.py` for what a new run does with such a directory, or with a finished or running run).
+
+Preemption (`common.preemption`): SIGTERM / SIGUSR1 set a flag; before each optimizer step the ranks agree on it, and
+a signalled run saves a resume checkpoint (checkpoint.py: weights, optimizer, schedule, random states, dev history,
+the phase's best) and exits 75; the same command resumes it and ends with the same weights and scores, bit for bit.
+A signal after the last step lets the run finish writing its results instead (less work than a checkpoint): exit 0.
 """
 
 from __future__ import annotations
@@ -27,15 +32,30 @@ import torch
 from safetensors import SafetensorError
 from tqdm.auto import tqdm
 
-from common.dist import resolve_env
+from common.dist import resolve_env, stop_with_launcher
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
 from common.integrity import seal
 from common.io import atomic_path, atomic_write_json, read_object
+from common.preemption import Preempted, PreemptionFlag
 from common.run_dir import RunWriteError
 from elasticbert import ElasticBertForSequenceClassification, LoadReport
 
 from .acl_grad import AngleRecord, ExitTerms, gated_backward
+from .checkpoint import (
+    Ranks,
+    ResumePoint,
+    Snapshot,
+    check_resume_point,
+    find_resume_point,
+    finish,
+    load_best,
+    load_training_state,
+    load_weights,
+    save_resume_point,
+    state_json,
+    tag_for,
+)
 from .config import DataConfig, FinetuneConfig, save_run_config
 from .data import (
     UNK_SAMPLE,
@@ -48,24 +68,20 @@ from .data import (
     unk_refusal,
 )
 from .evaluation import per_exit_scores, predict_exits
-from .methods import Phase, build_phases, exit_weights
+from .methods import Phase, build_optimizer, build_phases, linear_schedule
 from .model import (
     backbone_modules,
     build_model,
     exit_modules,
-    exit_parameters,
     freshly_initialised_exits,
-    label_embeddings,
     model_device,
     resolve_device,
     set_frozen,
 )
-from .objectives import acl_cl_loss, acl_embed_loss, kd_loss, scl_loss, task_loss
+from .objectives import ExitOutputs, exit_terms
 from .plots import plot_layer_curve
 from .run_dir import check_run_dir, claim_run_dir
 from .tasks import Example, TaskSpec, get_task, load_split
-
-ExitOutputs = dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> (representation h^e, logits)
 
 
 def set_seed(seed: int) -> None:
@@ -100,84 +116,18 @@ def forward_exits(
     return outputs
 
 
-def exit_terms(
-    model: ElasticBertForSequenceClassification,
-    cfg: FinetuneConfig,
-    phase: Phase,
-    step: int,
-    outputs: ExitOutputs,
-    labels: torch.Tensor,
-) -> list[ExitTerms]:
-    """Each trained exit's task term ((1−β)·CE + β·KD for students) and contrastive term (per `cfg.objective`)."""
-    obj = cfg.objective
-    exits = phase.exits_at(step)
-    weights = exit_weights(exits, cfg.method.jt_weights)
-    kd_weight = obj.kd_weight if obj.kd_weight is not None else (0.5 if phase.freeze_backbone else 0.0)
-    teacher = phase.teacher
-    terms = []
-    for layer in exits:
-        rep, logits = outputs[layer]
-        task = task_loss(logits, labels)
-        student = teacher is not None and layer != teacher
-        if student and kd_weight > 0:
-            task = (1.0 - kd_weight) * task + kd_weight * kd_loss(logits, outputs[teacher][1], obj.kd_temperature)
-        contrastive = None
-        if obj.name == "ce+scl":
-            contrastive = scl_loss(rep, labels, obj.tau, obj.contrastive_reduction)
-        elif obj.name == "acl" or (obj.name == "acl-cl" and not student):
-            embeddings = label_embeddings(model, layer)
-            contrastive = acl_embed_loss(rep, labels, embeddings, obj.tau, obj.contrastive_reduction)
-        elif obj.name == "acl-cl":
-            contrastive = acl_cl_loss(
-                rep,
-                labels,
-                label_embeddings(model, layer),
-                outputs[teacher][0],
-                label_embeddings(model, teacher),
-                obj.tau,
-                obj.contrastive_reduction,
-            )
-        terms.append(ExitTerms(layer, weights[layer], task, contrastive, rep, exit_parameters(model, layer)))
-    return terms
-
-
-def linear_schedule(optimizer: torch.optim.Optimizer, total: int, warmup: float) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warmup over `warmup`·total steps, then linear decay to 0 (BERT's schedule)."""
-    warm = int(round(warmup * total))
-
-    def factor(step: int) -> float:
-        if warm and step < warm:
-            return (step + 1) / warm
-        return max(0.0, (total - step) / max(1, total - warm))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def build_optimizer(model: ElasticBertForSequenceClassification, cfg: FinetuneConfig) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters; no weight decay on biases and LayerNorm; exits may get `exit_lr`."""
-    head_ids = {id(p) for layer in model.exit_layers for p in exit_parameters(model, layer)}
-    groups: dict[tuple[bool, bool], list[torch.nn.Parameter]] = {}
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        no_decay = param.ndim < 2 or "LayerNorm" in name
-        groups.setdefault((id(param) in head_ids, no_decay), []).append(param)
-    param_groups = [
-        {
-            "params": params,
-            "weight_decay": 0.0 if no_decay else cfg.optim.weight_decay,
-            "lr": (cfg.optim.exit_lr if cfg.optim.exit_lr is not None else cfg.optim.lr) if is_head else cfg.optim.lr,
-        }
-        for (is_head, no_decay), params in groups.items()
-    ]
-    return torch.optim.AdamW(param_groups, lr=cfg.optim.lr)
-
-
 @dataclass
 class EvalResult:
     step: int
     scores: dict[int, dict[str, float]]
     selection: float
+
+    def to_json(self) -> dict:
+        return {"step": self.step, "scores": {str(k): v for k, v in self.scores.items()}, "selection": self.selection}
+
+    @classmethod
+    def from_json(cls, data: dict) -> EvalResult:
+        return cls(data["step"], {int(k): v for k, v in data["scores"].items()}, data["selection"])
 
 
 @dataclass
@@ -201,12 +151,21 @@ class Trainer:
         dev: list[Example],
         run_dir: Path,
         record: RunRecord | None = None,
+        preempt: PreemptionFlag | None = None,
+        resume: ResumePoint | None = None,
     ) -> None:
+        """`preempt`: the installed signal flag (`run_training`'s; a trainer built without one never stops early);
+        `resume`: the checked resume checkpoint to continue from."""
         self.cfg, self.task, self.model, self.tokenizer = cfg, task, model, tokenizer
         self.train_examples, self.dev_examples = train, dev
         self.run_dir, self.record = run_dir, record or RunRecord({}, {})
         env = resolve_env(export=False)
         self.rank, self.world = env.rank, env.world_size
+        self.ranks = Ranks(self.rank, self.world)
+        self.preempt = preempt or PreemptionFlag()
+        self.resume = resume
+        self.saved_tag = resume.tag if resume else None  # the position the newest resume checkpoint holds
+        self.seconds_before = float(resume.state.get("seconds", 0.0)) if resume else 0.0
         self.global_step = 0
         self.history: list[dict] = []
         self.angles: list[dict] = []
@@ -225,26 +184,46 @@ class Trainer:
 
             self.writer = SummaryWriter(str(self.run_dir / "tensorboard"))
             save_run_config(self.run_dir / "run_config.json", self.cfg, self.record.sources, **self.record.resolved)
-        start = time.time()
+        self.started = time.time()
         phases = build_phases(self.cfg.method.name, list(self.model.exit_layers))
-        for phase in phases:
-            self.run_phase(phase)
+        first = self.resume.state["phase_index"] if self.resume else 0
+        try:
+            for index, phase in enumerate(phases):
+                if index >= first:  # earlier phases are in the resume checkpoint's weights
+                    self.run_phase(phase, index)
+        except BaseException:  # preempted (or interrupted): the events so far reach the disk
+            if self.writer is not None:
+                self.writer.close()
+            raise
         # What `load_finetuned` reads to tell trained exits from random ones.
         self.model.config.trained_exits = sorted({layer for phase in phases for layer in phase.trained_exits})
-        summary = self.summary(time.time() - start)
+        summary = self.summary(self.elapsed())
         if self.rank == 0:
             self.save(summary)
+            finish(self.run_dir)  # the results are committed: the resume checkpoint has nothing left to give
         if self.writer is not None:
             self.writer.close()
         return summary
 
-    def run_phase(self, phase: Phase) -> None:
-        """Train one phase, evaluating every `eval_every` steps (default: every epoch) and at its end."""
+    def elapsed(self) -> float:
+        """Seconds of training, over every start of a resumed run."""
+        return self.seconds_before + time.time() - self.started
+
+    def run_phase(self, phase: Phase, index: int = 0) -> None:
+        """Train one phase (the `index`-th of the method), evaluating every `eval_every` steps (default: every
+        epoch) and at its end; before each step, a preemption signal saves the run and stops it (`Preempted`)."""
         total, steps_per_epoch = self.phase_steps(phase)
         optimizer, scheduler = self.start_phase(phase, total)
+        start = self.restore(optimizer, scheduler) if self.resume and index == self.resume.state["phase_index"] else 0
         eval_every = self.cfg.train.eval_every or steps_per_epoch
-        bar = tqdm(total=total, desc=f"{self.task.name} {phase.name}", disable=not self.cfg.train.progress or self.rank)
-        for step, batch in enumerate(self.batches(total), start=1):
+        bar = tqdm(
+            total=total,
+            initial=start,
+            desc=f"{self.task.name} {phase.name}",
+            disable=not self.cfg.train.progress or self.rank,
+        )
+        for step, batch in enumerate(self.batches(total, start), start=start + 1):
+            self.preemption_point(phase, index, step - 1, total, optimizer, scheduler)
             device = model_device(self.model)  # read each step: a DeepSpeed engine places the model itself
             batch = {key: value.to(device) for key, value in batch.items()}
             stats = self.train_step(phase, step, batch, optimizer, scheduler)
@@ -339,11 +318,85 @@ class Trainer:
         self.log_step(phase, step, terms, record, stats)
         return stats
 
+    # ------------------------------------------------------------------------------------ preemption and resume
+    def preemption_point(
+        self,
+        phase: Phase,
+        index: int,
+        done: int,
+        total: int,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+    ) -> None:
+        """A step boundary (`done` steps of the phase behind): when any rank was signalled, every rank saves the
+        run (unless the newest resume checkpoint holds this very position) and raises `Preempted`."""
+        if not self.ranks.any(self.preempt.requested, model_device(self.model)):
+            return
+        how = f"{self.preempt.name} at {phase.name} step {done} of {total}"
+        tag = tag_for(phase.name, done)
+        if self.global_step == 0 and self.resume is None:
+            message = f"{how}: nothing trained yet, nothing saved; rerun the same command to start the run"
+        elif tag == self.saved_tag:  # a resumed run signalled before its first step: its checkpoint is this one
+            message = f"{how}: the resume checkpoint {self.resume.dir} stays; rerun the same command to resume"
+        else:
+            snap = Snapshot(tag, self.resume_state(phase, index, done, total), self.model.state_dict(), None, None)
+            snap.best = self.best_state if self.best is not None else None
+            if self.engine is not None:
+                snap.engine = self.engine
+            else:
+                snap.trainer = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+            where = save_resume_point(self.run_dir, snap, self.ranks)
+            self.saved_tag = tag
+            message = f"{how}: saved a resume checkpoint in {where}; rerun the same command (same --output) to resume"
+        raise Preempted(message if self.rank == 0 else "")
+
+    def resume_state(self, phase: Phase, index: int, done: int, total: int) -> dict:
+        """state.json of a resume checkpoint: the position, the config it must resume under, the bookkeeping."""
+        return state_json(
+            config=self.cfg.to_dict(),
+            world_size=self.world,
+            phase=phase.name,
+            phase_index=index,
+            step=done,
+            phase_steps=total,
+            signal=self.preempt.name,
+            seconds=self.elapsed(),
+            global_step=self.global_step,
+            history=self.history,
+            angles=self.angles,
+            best=self.best.to_json() if self.best is not None else None,
+            best_phase=getattr(self, "best_phase", None),
+            evals_without_improvement=self.evals_without_improvement,
+            stopped_early=self.stopped_early,
+        )
+
+    def restore(self, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler) -> int:
+        """Continue the resumed phase where the checkpoint left it (after `start_phase` built its optimizer);
+        returns the phase's steps done."""
+        point, state = self.resume, self.resume.state
+        load_weights(point, self.model)
+        self.global_step = state["global_step"]
+        self.history, self.angles, self.stopped_early = state["history"], state["angles"], state["stopped_early"]
+        self.best = EvalResult.from_json(state["best"]) if state["best"] is not None else None
+        if state["best_phase"] is not None:
+            self.best_phase = state["best_phase"]
+        if self.best is not None:
+            self.best_state = load_best(point)
+        self.evals_without_improvement = state["evals_without_improvement"]
+        load_training_state(point, optimizer, scheduler, self.engine, self.rank)  # random states last
+        return int(state["step"])
+
     # ------------------------------------------------------------------------------------------------- helpers
-    def batches(self, total: int) -> Iterator[dict[str, torch.Tensor]]:
-        """`total` training batches: seeded reshuffle each epoch; rank r of R takes every R-th batch."""
-        cfg, epoch, produced = self.cfg, 0, 0
-        while True:
+    def batches(self, total: int, start: int = 0) -> Iterator[dict[str, torch.Tensor]]:
+        """Training batches `start`+1 .. `total` of the phase: seeded reshuffle each epoch; rank r of R takes every
+        R-th batch. A resumed phase skips the epochs before `start` unread."""
+        cfg = self.cfg
+        per_epoch = len(
+            range(self.rank * cfg.train.batch_size, len(self.train_examples), cfg.train.batch_size * self.world)
+        )
+        epoch, skip = divmod(start, max(per_epoch, 1))
+        produced = start
+        while produced < total:
             stream = iterate_batches(
                 self.tokenizer,
                 self.train_examples,
@@ -352,13 +405,14 @@ class Trainer:
                 shuffle=True,
                 seed=cfg.train.seed * 1000 + epoch,
                 shard=(self.rank, self.world),
+                start_batch=skip,
             )
             for batch in stream:
                 yield batch
                 produced += 1
                 if produced == total:
                     return
-            epoch += 1
+            epoch, skip = epoch + 1, 0
 
     def train_mode(self, phase: Phase) -> None:
         """Training mode, except frozen modules (2ST stage 2's backbone and teacher), which stay in eval mode."""
@@ -522,18 +576,43 @@ def run_training(
     cfg: FinetuneConfig, output: str | Path, overwrite: bool = False, sources: Mapping[str, str] | None = None
 ) -> dict:
     """Everything `finetune train` does: validate, check the run directory `output` (a finished run there is replaced
-    only with `overwrite`), load model, tokenizer and data, train, write the run directory (locked while the run
-    lasts; `sources`: where each config value came from, saved in run_config.json)."""
-    run_dir = Path(output)
+    only with `overwrite`; a preempted one is resumed, or started over with `overwrite`), load model, tokenizer and
+    data, train, write the run directory (locked while the run lasts; `sources`: where each config value came from,
+    saved in run_config.json). From the first line on, SIGTERM / SIGUSR1 mean "save at the next step boundary and
+    raise `Preempted`" (exit 75)."""
+    with PreemptionFlag() as preempt:
+        stop_with_launcher(resolve_env(export=False))  # a killed torchrun: its workers save and stop, like Slurm's
+        summary = _run_training(cfg, Path(output), overwrite, sources, preempt)
+    if preempt.requested and resolve_env(export=False).rank == 0:
+        print(
+            f"finetune: {preempt.name} arrived after the last training step: the run finished writing its results "
+            f"in {output} instead of saving a resume checkpoint (nothing to resume)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return summary
+
+
+def _run_training(
+    cfg: FinetuneConfig,
+    run_dir: Path,
+    overwrite: bool,
+    sources: Mapping[str, str] | None,
+    preempt: PreemptionFlag,
+) -> dict:
     task = get_task(cfg.data.task)
     cfg.validate(task.num_labels)
     if cfg.train.ds_config:
         read_deepspeed_config(cfg.train.ds_config)
     env = resolve_env(export=False)
+    refuse_ranks_without_deepspeed(env.world_size, env.launcher, cfg.train.ds_config)
     device = resolve_device(cfg.train.device, env.local_rank)  # no GPU for `--device cuda`: refused before loading
     rank0 = env.rank == 0
     if rank0:
         check_run_dir(run_dir, overwrite)  # before anything is loaded
+    resume = None if overwrite else find_resume_point(run_dir)
+    if resume is not None:  # another config, another world size, damaged files: refused before anything loads
+        check_resume_point(resume, cfg.to_dict(), env.world_size)
     set_seed(cfg.train.seed)  # fresh exit heads are initialised from it
     model, report = build_model(cfg, task)  # first: checkpoint problems surface before data is read
     model.to(device)
@@ -545,16 +624,34 @@ def run_training(
     train = subsample(load_split(task, cfg.data.dir, "train"), cfg.data.max_train_examples, cfg.train.seed)
     dev = subsample(load_split(task, cfg.data.dir, "dev"), cfg.data.max_dev_examples, cfg.data.dev_subset_seed)
     check_tokenizer_fits(tokenizer, model.config.vocab_size, tokenizer_dir, train, cfg.data)
-    record = RunRecord(dict(sources or {}), {"model_path": str(report.source), "tokenizer_path": str(tokenizer_dir)})
+    record = RunRecord(
+        dict(sources or {}),
+        {
+            "model_path": str(report.source),
+            "tokenizer_path": str(tokenizer_dir),
+            "tokenizer_identity": model.config.tokenizer_identity,
+        },
+    )
     set_seed(cfg.train.seed)
-    trainer = Trainer(cfg, task, model, tokenizer, train, dev, run_dir, record)
+    trainer = Trainer(cfg, task, model, tokenizer, train, dev, run_dir, record, preempt, resume)
     if not rank0:
         summary = trainer.fit()
     else:
-        with claim_run_dir(run_dir, overwrite):
+        with claim_run_dir(run_dir, overwrite, resume):
             summary = trainer.fit()
     summary["load_report"] = str(report)
     return summary
+
+
+def refuse_ranks_without_deepspeed(world_size: int, launcher: str, ds_config: str | None) -> None:
+    """Several processes train one model only through DeepSpeed (it averages their gradients); without it each would
+    train its own model on its share of the data, and rank 0's would be saved as the run's result."""
+    if world_size > 1 and not ds_config:
+        raise ConfigError(
+            f"{world_size} processes ({launcher}) but no --ds-config: without DeepSpeed they would train "
+            f"{world_size} separate models on {world_size} shards of the data; pass --ds-config FILE (a DeepSpeed "
+            "JSON, ZeRO 0-2) or run one process"
+        )
 
 
 def check_tokenizer_fits(

@@ -140,8 +140,11 @@ def _verify_argument(p: argparse.ArgumentParser, when: str) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from elasticbert.verification import set_checksum_verification
+
     from .trainer import train
 
+    set_checksum_verification(args.verify_checksums)  # init_from is loaded under the same flag as the checkpoints
     cfg = load_config(args.config, args.overrides)
     return train(cfg, Path(args.output), args.ds_config, args.force_resume, args.verify_checksums)
 

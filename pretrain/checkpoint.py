@@ -26,6 +26,8 @@ from typing import Any
 from common.errors import UserError
 from common.integrity import CHECKSUMS, hash_files, list_files, verify_share, write_checksums
 from common.io import atomic_path, atomic_write_text, read_object
+from common.resume import config_differences
+from common.vocab import TokenizerIdentity, TokenizerIdentityError, check_same_tokenizer, identity_of, model_identity
 
 CLIENT_STATE = "client_state.json"
 LATEST = "latest"
@@ -124,19 +126,6 @@ def find_resume_point(ckpt_dir: Path) -> ResumePoint | None:
     return ResumePoint(tag, read_client_state(ckpt_dir, tag))
 
 
-def config_differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two nested config dicts (for a readable refusal)."""
-    diffs: list[str] = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        name = f"{prefix}.{key}" if prefix else key
-        if isinstance(a, dict) and isinstance(b, dict):
-            diffs.extend(config_differences(a, b, name))
-        elif a != b:
-            diffs.append(f"{name}: {a!r} -> {b!r}")
-    return diffs
-
-
 # Model keys that set the shape of a weight: no --force-resume can load a checkpoint across them.
 SHAPE_KEYS = (
     "hidden_size",
@@ -194,6 +183,38 @@ def check_architecture(ckpt_dir: Path, tag: str, model_config: Any) -> None:
             f"checkpoint {ckpt_dir / tag} cannot be loaded into this model: {'; '.join(differ)}. Even "
             "--force-resume cannot change a weight's shape; restore the config or use a new --output"
         )
+
+
+def checkpoint_tokenizer(ckpt_dir: Path, tag: str) -> TokenizerIdentity | None:
+    """The tokenizer a checkpoint's weights were trained with: recorded in export/config.json (`tokenizer_identity`,
+    written by every save), else computed from export/tokenizer (a checkpoint of a trainer before identities)."""
+    export = ckpt_dir / tag / "export"
+    try:
+        recorded = model_identity(export)[0] if (export / "config.json").is_file() else None
+        return recorded or (identity_of(export / "tokenizer") if (export / "tokenizer").is_dir() else None)
+    except TokenizerIdentityError:
+        return None  # a damaged export: its checksums (and `check_architecture`) name it
+
+
+def check_resume_tokenizer(ckpt_dir: Path, identity: TokenizerIdentity | None, data_where: str) -> None:
+    """Refuse to resume a run whose checkpoint was trained on the ids of another tokenizer than the data's now (a
+    corpus re-tokenized at the same path): the same ids would mean other words. No override: such a run is a new
+    one. A missing or unreadable `latest` is left to the checkpointer, which names it."""
+    try:
+        tag = read_latest(ckpt_dir)
+    except ResumeError:
+        return
+    if tag is None or identity is None or not (ckpt_dir / tag).is_dir():
+        return
+    check_same_tokenizer(
+        identity,
+        data_where,
+        checkpoint_tokenizer(ckpt_dir, tag),
+        f"checkpoint {ckpt_dir / tag} was trained with",
+        f"Resume with the corpus prepared with the checkpoint's tokenizer ({ckpt_dir / tag / 'export' / 'tokenizer'}), "
+        "or pre-train on this corpus in a new --output",
+        error=ResumeError,
+    )
 
 
 def committed_before(ckpt_dir: Path, tag: str) -> list[str]:

@@ -1,5 +1,6 @@
 """Opening the prepared corpora of a run config: data_prep's reader, its verification (once per corpus version), the
-one-tokenizer check across a blend, and the sample indexes (cached beside the data).
+one-tokenizer check across a blend and against the checkpoint a run resumes from (tokenizer identities,
+`common.vocab`), and the sample indexes (cached beside the data).
 
 `train` calls `open_data` before any process group exists, so a bad corpus costs seconds; `build-index` calls it
 offline (and imports no trainer) to verify, stamp and cache everything once after data_prep.
@@ -15,15 +16,20 @@ from pathlib import Path
 from typing import Any
 
 from common.io import atomic_write_text
-from common.vocab import DEFAULT_MAX_UNK_FRACTION, describe_unk, unk_fraction
+from common.vocab import (
+    DEFAULT_MAX_UNK_FRACTION,
+    TokenizerIdentity,
+    check_same_tokenizer,
+    describe_unk,
+    unk_fraction,
+)
 from data_prep.errors import DataPrepError
 from data_prep.reader import PreparedCorpus
 from data_prep.verify import verify_dir
 
+from .checkpoint import check_resume_tokenizer
 from .config import ConfigError, CorpusConfig, RunConfig, resolve_path
 from .data import MaskingConfig, PretrainingDataset, load_or_build_index
-
-TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "spm.model", "tokenizer.model")
 
 
 @dataclass
@@ -34,6 +40,8 @@ class DataBundle:
     valid: list[PretrainingDataset] = field(default_factory=list)
     special_ids: dict = field(default_factory=dict)
     tokenizer_dir: Path | None = None
+    tokenizer_identity: TokenizerIdentity | None = None  # what the token ids mean (common.vocab), corpus 0's
+    tokenizer_where: str = ""  # which corpus that is, for messages
     index_paths: list[str] = field(default_factory=list)  # where each index lives: per corpus, train then valid
     notes: list[str] = field(default_factory=list)  # what a user should know before spending compute (printed)
 
@@ -81,16 +89,28 @@ def tokenizer_dir_of(corpus: Any) -> Path | None:
     return Path(corpus.tokenizer_dir) if getattr(corpus, "tokenizer_dir", None) else None
 
 
-def tokenizer_fingerprint(corpus: Any) -> str:
-    """Hash of the special ids and the vocabulary file: corpora blended in one run must agree on it."""
-    tdir = tokenizer_dir_of(corpus)
-    h = hashlib.sha256(json.dumps(corpus.special_ids, sort_keys=True).encode())
-    if tdir is not None and tdir.is_dir():
-        for name in TOKENIZER_FILES:
-            if (tdir / name).is_file():
-                h.update(name.encode() + (tdir / name).read_bytes())
-                break
-    return h.hexdigest()
+def corpus_tokenizer(corpus: PreparedCorpus, path: Path, k: int, bundle: DataBundle) -> TokenizerIdentity | None:
+    """The identity of corpus k's tokenizer (`PreparedCorpus.tokenizer_identity`: its manifest's record, its files
+    checked against it); every corpus of a blend must have the first one's: the same ids must mean the same words."""
+    identity = corpus.tokenizer_identity()
+    if k == 0:
+        bundle.special_ids, bundle.tokenizer_dir = dict(corpus.special_ids), tokenizer_dir_of(corpus)
+        bundle.tokenizer_identity, bundle.tokenizer_where = identity, f"data.corpora[0] ({path})"
+        return identity
+    check_same_tokenizer(
+        identity,
+        f"the tokenizer of data.corpora[{k}] ({path})",
+        bundle.tokenizer_identity,
+        f"of {bundle.tokenizer_where}",
+        "blended corpora must be prepared with the same tokenizer (data_prep tokenize --tokenizer)",
+        error=ConfigError,
+    )
+    if identity is None and corpus.special_ids != bundle.special_ids:  # corpora without tokenizer files at all
+        raise ConfigError(
+            f"data.corpora[{k}] ({path}) has other special ids or vocabulary size than data.corpora[0]; blended "
+            "corpora must be prepared with the same tokenizer"
+        )
+    return identity
 
 
 def check_unk_fraction(corpus: PreparedCorpus, path: Path, k: int, limit: float, bundle: DataBundle) -> None:
@@ -148,7 +168,6 @@ def _split_dataset(
 def open_data(cfg: RunConfig, run_dir: Path, need_valid: bool) -> DataBundle:
     """Open every corpus (train and, if evaluating, valid), check they share one tokenizer, load/build indexes."""
     bundle = DataBundle()
-    fingerprint = None
     limit = DEFAULT_MAX_UNK_FRACTION if cfg.data.max_unk_fraction is None else cfg.data.max_unk_fraction
     for k, c in enumerate(cfg.data.corpora):
         path = corpus_path(c, k)
@@ -157,15 +176,10 @@ def open_data(cfg: RunConfig, run_dir: Path, need_valid: bool) -> DataBundle:
         caches = index_caches(cfg, path, run_dir)
         if cfg.data.verify:
             verify_corpus(path, caches)
-        fp = tokenizer_fingerprint(corpus)
-        if fingerprint is None:
-            fingerprint = fp
-            bundle.special_ids, bundle.tokenizer_dir = dict(corpus.special_ids), tokenizer_dir_of(corpus)
-        elif fp != fingerprint:
-            raise ConfigError(
-                f"data.corpora[{k}] ({path}) uses a different tokenizer than data.corpora[0]; "
-                "blended corpora must be prepared with the same vocabulary"
-            )
+        corpus_tokenizer(corpus, path, k, bundle)
+        if k == 0:  # a resumed run continues on tokens that mean what they meant
+            where = f"the tokenizer of {bundle.tokenizer_where}"
+            check_resume_tokenizer(run_dir / "checkpoints", bundle.tokenizer_identity, where)
         bundle.train.append(_split_dataset(cfg, k, path, corpus, "train", caches, bundle))
         if need_valid:
             valid = open_corpus(path, "valid")

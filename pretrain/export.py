@@ -4,7 +4,8 @@ Weights come from DeepSpeed's own consolidation (`zero_to_fp32`: the fp32 master
 so a bf16 run exports its fp32 weights); ZeRO-0 checkpoints have no partitions and use the module state. The
 checkpoint's checksums are verified first (`--no-verify-checksums` skips them; truncated files are refused anyway),
 and weights holding NaN/inf are refused. The result is written to a temporary sibling directory and renamed
-(`common.io.atomic_path`), so a failed export leaves no half-written model.
+(`common.io.atomic_path`), so a failed export leaves no half-written model; a failed write (a full disk, a read-only
+output) is one line naming the file, exit 4.
 
 Layouts: "ours" (`save_pretrained`: model.safetensors with the MLM/SOP heads, what finetune and AutoModel load) or
 "fnlp" (`elasticbert.fnlp_export`: the shape of the released `fnlp/elasticbert-base` for the official ElasticBERT
@@ -20,8 +21,10 @@ from pathlib import Path
 
 import torch
 
+from common.errors import describe_os_error
 from common.integrity import IntegrityError, seal
-from common.io import atomic_path
+from common.io import atomic_path, make_dirs, removed_on_failure
+from common.run_dir import RunWriteError
 from elasticbert import ElasticBertConfig, ElasticBertForPreTraining  # (importing elasticbert registers Auto*)
 from elasticbert.fnlp_export import plan_fnlp, save_fnlp
 
@@ -68,10 +71,6 @@ def export(
     output = Path(output)
     if output.exists() and any(output.iterdir()) and not overwrite:
         raise ResumeError(f"{output} exists and is not empty (pass --overwrite to replace it)")
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ResumeError(f"cannot create {output.parent}: {e.strerror or e}") from None
 
     verify_checkpoint(ckpt_dir, tag, verify, what="export")
     try:
@@ -98,18 +97,29 @@ def export(
         )
     model.tie_weights()
     info = read_client_state(ckpt_dir, tag) if (ckpt_dir / tag / CLIENT_STATE).is_file() else {}
-    with atomic_path(output) as tmp:
-        if layout == "fnlp":
-            save_fnlp(model, tmp, str(ckpt_dir / tag))
-        else:
-            model.save_pretrained(str(tmp), safe_serialization=True)
-        tok = export_files / "tokenizer"
-        if tok.is_dir():
-            for f in tok.iterdir():
-                if f.is_file() and not (tmp / f.name).exists():
-                    shutil.copy2(f, tmp / f.name)
-        (tmp / "pretrain_info.json").write_text(
-            json.dumps({"tag": tag, **{k: info.get(k) for k in ("step", "consumed_samples", "config_hash")}}, indent=2)
-        )
-        seal(tmp)  # checked whenever the export is loaded
+    try:
+        _write_export(model, output, layout, ckpt_dir / tag, export_files / "tokenizer", info)
+    except OSError as err:  # a full disk, a read-only output: one line naming the file (exit 4), nothing kept
+        raise RunWriteError(f"{output}: cannot write the export ({describe_os_error(err)}); nothing was kept") from err
     return output
+
+
+def _write_export(
+    model: ElasticBertForPreTraining, output: Path, layout: str, tag_dir: Path, tokenizer: Path, info: dict
+) -> None:
+    """The export directory, written beside `output` and renamed when complete (`common.io.atomic_path`: a failed
+    write, torch's or safetensors' included, is an OSError naming the file); folders made for it go on failure."""
+    with removed_on_failure(output.parent) as parent:
+        make_dirs(parent)
+        with atomic_path(output) as tmp:
+            if layout == "fnlp":
+                save_fnlp(model, tmp, str(tag_dir))
+            else:
+                model.save_pretrained(str(tmp), safe_serialization=True)
+            if tokenizer.is_dir():
+                for f in tokenizer.iterdir():
+                    if f.is_file() and not (tmp / f.name).exists():
+                        shutil.copy2(f, tmp / f.name)
+            fields = {"tag": tag_dir.name, **{k: info.get(k) for k in ("step", "consumed_samples", "config_hash")}}
+            (tmp / "pretrain_info.json").write_text(json.dumps(fields, indent=2))
+            seal(tmp)  # checked whenever the export is loaded

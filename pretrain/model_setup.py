@@ -11,8 +11,10 @@ from typing import Any
 import torch
 
 from common.hub import resolve_pretrained
+from common.vocab import TokenizerIdentity, check_same_tokenizer, identity_of, model_identity
 from elasticbert import ElasticBertConfig, ElasticBertForPreTraining, load_pretrained, minilm_dir
 from elasticbert.layouts import BERT_ARCHITECTURE_FIELDS
+from elasticbert.verification import checksum_verification
 
 from .config import ConfigError, ModelConfig, RunConfig, resolve_path
 
@@ -36,15 +38,27 @@ def init_source(init_from: str) -> Path:
     return resolve_pretrained(init_from, what="model.init_from")
 
 
-def check_same_vocab(init_dir: Path, tokenizer_dir: Path | None) -> None:
-    """A checkpoint's vocabulary must be the data's (token ids would otherwise mean other words)."""
-    a = init_dir / "vocab.txt"
-    b = tokenizer_dir / "vocab.txt" if tokenizer_dir else None
-    if a.is_file() and b is not None and b.is_file() and a.read_bytes() != b.read_bytes():
-        raise ConfigError(
-            f"model.init_from={init_dir} was trained with another vocabulary than the data "
-            f"({b}); prepare the data with --vocab {a}"
-        )
+def data_tokenizer(tokenizer_dir: Path | None) -> TokenizerIdentity | None:
+    """The identity of the data's tokenizer (`common.vocab`; checked against its manifest by `open_data`)."""
+    return identity_of(tokenizer_dir) if tokenizer_dir is not None and tokenizer_dir.is_dir() else None
+
+
+def check_same_vocab(init_dir: Path, tokenizer_dir: Path | None) -> dict | None:
+    """A checkpoint's tokenizer must be the data's (token ids would otherwise mean other words): the identity its
+    config.json records, else that of its tokenizer files, against the data's (`common.vocab`: vocabulary in id order,
+    casing, special tokens). Returns the data's identity, recorded in the model's config."""
+    data = data_tokenizer(tokenizer_dir)
+    expected, where = model_identity(init_dir)
+    check_same_tokenizer(
+        data,
+        f"the data's tokenizer ({tokenizer_dir})",
+        expected,
+        f"model.init_from={init_dir} was trained with ({where} so)",
+        f"The model was trained with another vocabulary or casing than the data: prepare the data with its "
+        f"tokenizer (data_prep tokenize --tokenizer {init_dir}), or pick the model.init_from trained with this one",
+        error=ConfigError,
+    )
+    return data.to_dict() if data is not None else None
 
 
 def _check_fits_data(cfg: RunConfig, model: torch.nn.Module, vocab_size: int) -> None:
@@ -80,15 +94,19 @@ def build_model(cfg: RunConfig, vocab_size: int, tokenizer_dir: Path | None) -> 
     torch.manual_seed(cfg.train.seed)
     if m.init_from is None:
         model, origin = _from_scratch(m, vocab_size), "from scratch"
+        identity = data_tokenizer(tokenizer_dir)  # recorded in every checkpoint's export/config.json
+        model.config.tokenizer_identity = identity.to_dict() if identity is not None else None
     else:
         src = init_source(m.init_from)
-        check_same_vocab(Path(src), tokenizer_dir)
         model, report = load_pretrained(
             ElasticBertForPreTraining,
             src,
+            verify_checksums=cfg.checkpoint.verify_checksums and checksum_verification(),
             hidden_dropout_prob=m.hidden_dropout_prob,
             attention_probs_dropout_prob=m.attention_probs_dropout_prob,
         )
+        data_identity = check_same_vocab(Path(src), tokenizer_dir)  # after the load verified its files
+        model.config.tokenizer_identity = data_identity or model.config.tokenizer_identity
         origin = str(report)
     _check_fits_data(cfg, model, vocab_size)
     if m.activation_checkpointing:

@@ -19,9 +19,13 @@
 #   SEEDS            seeds                          [1 2 3 4 5]
 #   FINETUNE_MODULE  python module                  [finetune] (tests use a stand-in); + the knobs of slurm/common.sh
 # Sizes: the #SBATCH lines are defaults (--array=0-39 fits the default 8 tasks x 5 seeds); sbatch options win.
-# No --signal: `finetune train` has no preemption checkpoint, so a USR1 would only kill it early. --requeue lets
-# Slurm restart a task after a node failure; if the trainer ever exits 75, slurm/common.sh requeues it.
-# Output: %x-%A_%a.out in the submit directory.
+# Preemption: Slurm sends SIGUSR1 to this script 300 s before the time limit (--signal=B:USR1@300); it is forwarded to
+# the trainer, which finishes its optimizer step, saves a resume checkpoint in FT_OUT/T/seedS/resume and exits 75;
+# the array task then requeues itself (`scontrol requeue`, SLURM_RESTART_COUNT+1) and the same command resumes it,
+# ending with the weights and scores of an uninterrupted run. A finished combination exits 0 (no requeue); rerunning
+# one that finished is refused by the trainer (pass --overwrite in ARGS to redo it). To preempt one by hand:
+#   scancel -b -s USR1 JOBID_INDEX
+# Output: %x-%A_%a.out in the submit directory; events (signal, requeue) in FT_OUT/T/seedS/logs/slurm_jobs.tsv.
 #SBATCH --job-name=eb-finetune-glue
 #SBATCH --array=0-39
 #SBATCH --ntasks=1
@@ -29,6 +33,7 @@
 #SBATCH --cpus-per-task=8
 #SBATCH --time=12:00:00
 #SBATCH --requeue
+#SBATCH --signal=B:USR1@300
 #SBATCH --open-mode=append
 #SBATCH --output=%x-%A_%a.out
 set -euo pipefail
@@ -69,8 +74,10 @@ i=$SLURM_ARRAY_TASK_ID
 task=${tasks[$((i / ${#seeds[@]}))]}
 seed=${seeds[$((i % ${#seeds[@]}))]}
 eb_log "combination $i of $n_combos: task=$task seed=$seed"
-ft_args=(train --task "$task" --seed "$seed" --output "${FT_OUT:-runs/finetune_glue}/$task/seed$seed")
+out_dir=${FT_OUT:-runs/finetune_glue}/$task/seed$seed
+ft_args=(train --task "$task" --seed "$seed" --output "$out_dir")
 [ -z "${MODEL:-}" ] || ft_args+=(--model "$MODEL")
 [ -z "${DATA_DIR:-}" ] || ft_args+=(--data-dir "$DATA_DIR")
 eb_rendezvous
+eb_log_paths "$out_dir"
 eb_run_preemptible "$EB_PYTHON" -m "${FINETUNE_MODULE:-finetune}" "${ft_args[@]}" "$@"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +15,7 @@ import torch
 from common.cli import add_command, add_max_examples, add_output, add_switch, config_argument
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
-from common.io import atomic_write_json
+from common.io import atomic_write_json, make_dirs, removed_on_failure
 from elasticbert import ElasticBertForSequenceClassification
 from elasticbert.precision import PRECISIONS, for_inference, precision_problem
 
@@ -23,6 +23,7 @@ from ..data import EncodedSplit, add_data_dir, load_tokenizer, subsample
 from ..model import add_device, check_max_length, load_finetuned, resolve_device
 from ..plots import plot_pareto
 from ..results import check_earlier_result, data_source, result_identity
+from ..task_check import check_task_fits
 from ..tasks import TaskSpec, get_task, load_split
 from .lte import LearnedExitHead, train_lte_head
 from .rules import STRATEGIES
@@ -110,9 +111,10 @@ def lte_head_for(
 
 
 def sweep_config(
-    args: argparse.Namespace, strategies: list[str], head: LearnedExitHead | None, output: Path
+    args: argparse.Namespace, strategies: list[str], head: LearnedExitHead | None, output: Path, task: TaskSpec
 ) -> SweepConfig:
-    """The sweep the options ask for; `--sweep` thresholds need exactly one strategy."""
+    """The sweep the options ask for; `--sweep` thresholds need exactly one strategy, and one at least at which the
+    rule depends on the input for `task`'s number of labels."""
     thresholds = parse_thresholds(args.sweep)
     if thresholds is not None and len(strategies) != 1:
         raise ConfigError("--sweep needs exactly one --strategy (each strategy has its own threshold scale)")
@@ -125,6 +127,7 @@ def sweep_config(
         delta=args.delta,
         lte_head=head,
         samples_dir=output / "samples",
+        num_labels=task.num_labels,
     ).validate()
 
 
@@ -133,6 +136,7 @@ def write_results(results: dict, path: Path, merge: bool) -> dict:
     off (`check_earlier_result` has refused any other's)."""
     if path.is_file() and merge:
         results = merge_results(json.loads(path.read_text(encoding="utf-8")), results)
+    make_dirs(path.parent)
     atomic_write_json(path, results, indent=1)
     return results
 
@@ -159,17 +163,22 @@ def main(args: argparse.Namespace) -> int:
     task = get_task(args.task)
     strategies = resolve_strategies(args.strategy, task.num_labels)
     output = Path(args.output or Path("runs") / "early_exit" / task.name.replace("/", "_"))
-    sweep_config(args, strategies, None, output)  # option errors surface before the model or any data is read
+    sweep_config(args, strategies, None, output, task)  # option errors surface before the model or any data is read
     device = resolve_device(args.device)
     model_dir = resolve_pretrained(args.model, what="--model")
     if problem := precision_problem(args.precision, device):
         raise ConfigError(problem)
     full_precision = load_finetuned(model_dir, require_trained=True, purpose="early exit").to(device)
-    model = for_inference(full_precision, args.precision)  # thresholds are calibrated on this precision's logits
-    if model.config.num_labels != task.num_labels:
-        raise ConfigError(
-            f"{args.model} has {model.config.num_labels} labels; task {task.name} needs {task.num_labels}"
+    if note := check_task_fits(full_precision.config, task, args.model):
+        print(f"finetune: note: {note}", file=sys.stderr, flush=True)
+    if len(full_precision.exit_layers) < 2:
+        print(
+            f"finetune: note: {args.model} has one exit (layer {full_precision.exit_layers[0]}): every sample leaves "
+            "there whatever the rule, so each point of the sweep is the full model (fine-tune with --exits for more)",
+            file=sys.stderr,
+            flush=True,
         )
+    model = for_inference(full_precision, args.precision)  # thresholds are calibrated on this precision's logits
     check_max_length(model, args.max_length, model_dir)
     tokenizer = load_tokenizer(model_dir)
     precision = "" if args.precision == "fp32" else f"_{args.precision}"
@@ -180,28 +189,37 @@ def main(args: argparse.Namespace) -> int:
     identity = result_identity(model_dir, task=task.name, max_length=args.max_length, **settings)
     if args.merge:
         check_earlier_result(output / f"{stem}.json", identity, "early-exit results", "--no-merge to replace them")
-    else:  # replaced on purpose: the earlier samples go with the earlier result
-        shutil.rmtree(output / "samples", ignore_errors=True)
-    output.mkdir(parents=True, exist_ok=True)
     examples = subsample(load_split(task, args.data_dir, args.split), args.max_examples)
     split = EncodedSplit.from_examples(tokenizer, examples, args.max_length)
-    head, head_path = lte_head_for(args, model, task, output, tokenizer) if "lte" in strategies else (None, None)
-    results = sweep(model, split, task, sweep_config(args, strategies, head, output))
-    if model is not full_precision:  # `fastest-within` is measured from the fp32 model's score, not the int8 one's
-        reference = measure_reference(full_precision, split, task, split.batches(args.batch_size, device=device))
-        results["full_model_fp32"] = {"score": reference.metrics.get("score"), "metrics": reference.metrics}
-    results.update(
-        device=str(device),
-        model=str(args.model),
-        split=args.split,
-        data_dir=None if args.data_dir is None else str(args.data_dir),
-        max_length=args.max_length,
-        max_examples=args.max_examples,
-        lte_head=str(head_path) if head_path else None,
-        identity=identity,
-    )
-    results = write_results(results, output / f"{stem}.json", args.merge)
-    print(summary_table(results))
-    png = plot_pareto(results, output / f"{stem}.png")
-    print(f"wrote {output / f'{stem}.json'} and {png}")
+    with removed_on_failure(output):  # a failed run leaves nothing it created (an empty folder, lone samples)
+        make_dirs(output)  # an output that cannot be a folder is refused before the sweep, not after it
+        head, head_path = lte_head_for(args, model, task, output, tokenizer) if "lte" in strategies else (None, None)
+        results = sweep(model, split, task, sweep_config(args, strategies, head, output, task))
+        if model is not full_precision:  # `fastest-within` is measured from the fp32 model's score, not the int8 one's
+            reference = measure_reference(full_precision, split, task, split.batches(args.batch_size, device=device))
+            results["full_model_fp32"] = {"score": reference.metrics.get("score"), "metrics": reference.metrics}
+        results.update(
+            device=str(device),
+            model=str(args.model),
+            split=args.split,
+            data_dir=None if args.data_dir is None else str(args.data_dir),
+            max_length=args.max_length,
+            max_examples=args.max_examples,
+            lte_head=str(head_path) if head_path else None,
+            identity=identity,
+        )
+        results = write_results(results, output / f"{stem}.json", args.merge)
+        if not args.merge:  # replaced on purpose: the earlier run's samples go with its result
+            prune_samples(output / "samples", results)
+        print(summary_table(results))
+        plot_pareto(results, output / f"{stem}.png")
+    print(f"wrote {output / f'{stem}.json'} and {output / f'{stem}.png'}")
     return 0
+
+
+def prune_samples(directory: Path, results: dict) -> None:
+    """Remove the per-sample files under `directory` of points `results` does not hold (an earlier run's)."""
+    kept = {f"{name}_{point['threshold']:g}.tsv" for name, e in results["strategies"].items() for point in e["points"]}
+    for path in directory.glob("*.tsv") if directory.is_dir() else []:
+        if path.name not in kept:
+            path.unlink()

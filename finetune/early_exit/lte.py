@@ -18,7 +18,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from common.io import atomic_path
+from common.io import atomic_path, make_dirs
 from elasticbert import ElasticBertForSequenceClassification
 
 from ..data import EncodedSplit, forward_in_order
@@ -45,7 +45,7 @@ class LearnedExitHead(nn.Module):
             "suggested_thresholds": json.dumps(self.suggested_thresholds),
             **(metadata or {}),
         }
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(Path(path).parent)
         with atomic_path(path) as tmp:
             save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(tmp), metadata=meta)
 

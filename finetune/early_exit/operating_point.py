@@ -7,8 +7,10 @@
 - `best`: the highest score (ties: fewer FLOPs);
 - `STRATEGY=THRESHOLD`, e.g. `entropy=0.1386`: that point of the sweep.
 `--strategy S` next to it restricts the candidates to S's points. FLOPs are the deciding cost because they are exact
-(wall times of a sweep are single noisy passes). The point carries its rule's parameters (PCEE's patience, PABEE's
-delta), the LTE head file the sweep used, and the maximum length it was measured at.
+(wall times of a sweep are single noisy passes). `fastest-within` and `best` never choose a point whose threshold
+decides without the input (`elasticbert.exit_setting.degenerate_problem`: patience 0 in sweeps of earlier versions).
+The point carries its rule's parameters (PCEE's patience, PABEE's delta), the LTE head file the sweep used, and the
+maximum length it was measured at.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from common.errors import ConfigError
 from common.io import read_object
 from elasticbert.precision import PRECISIONS
 
-from ..tasks import DataError
-from .rules import PREDICT_STRATEGIES
+from ..tasks import DataError, get_task
+from .rules import PREDICT_STRATEGIES, degenerate_problem
 from .sweep import is_early_exit_result
 
 DEFAULT_RULE = "fastest-within=1.0"
@@ -128,6 +130,9 @@ def _pick(points: list[dict], rule: str, full_score: float | None, where: str) -
     if name in ("fastest-within", "best") and full_score is None:
         raise DataError(f"{where}: the sweep has no scores (an unlabelled split); choose with STRATEGY=THRESHOLD")
     scored = [p for p in points if p["score"] is not None]
+    scored = [p for p in scored if not p.get("degenerate")]  # a rule's point only in name: never chosen by a rule
+    if name in ("fastest-within", "best") and not scored:
+        raise DataError(f"{where}: no point to choose from (each decides without its input, or has no score)")
     if name == "best" and not value:
         return max(scored, key=lambda p: (p["score"], -p["mean_flops"]))
     if name == "fastest-within":
@@ -165,6 +170,11 @@ def choose_operating_point(spec: str, strategy: str | None = None) -> OperatingP
         )
     full = result["full_model"]
     candidates = _candidates(result, str(path), strategy)
+    labels = _num_labels(result)
+    for point in candidates:  # an earlier version's sweeps measured them (patience 0): see `degenerate_problem`
+        point["degenerate"] = point["strategy"] != "static" and bool(
+            degenerate_problem(point["strategy"], point["threshold"], labels)
+        )
     if not candidates:
         raise DataError(f"{path}: the result holds no operating points")
     # a sweep at reduced precision is measured against the fp32 model's score: "within D" of the model as trained
@@ -187,6 +197,14 @@ def choose_operating_point(spec: str, strategy: str | None = None) -> OperatingP
         source=f"{path} ({rule})",
         precision=_precision(result, str(path)),
     )
+
+
+def _num_labels(result: Mapping) -> int | None:
+    """The number of labels of the result's task (None when it names none this project knows)."""
+    try:
+        return get_task(str(result.get("task"))).num_labels if result.get("task") else None
+    except DataError:
+        return None
 
 
 def _precision(result: dict, path: str) -> str:

@@ -29,7 +29,7 @@ from elasticbert.early_exit import (
     entropy_nats,
 )
 from elasticbert.early_exit import make_rule as make_inference_rule
-from elasticbert.exit_setting import CLASSIFICATION_ONLY
+from elasticbert.exit_setting import CLASSIFICATION_ONLY, degenerate_problem
 from elasticbert.exit_setting import THRESHOLD_RANGES as INFERENCE_THRESHOLD_RANGES
 from elasticbert.exit_setting import threshold_problem as inference_threshold_problem
 
@@ -101,8 +101,8 @@ def default_sweep(strategy: str, num_labels: int, num_exits: int) -> list[float]
         return [round(top * f, 4) for f in (0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.8)]
     if strategy == "maxprob":
         return [0.995, 0.98, 0.95, 0.9, 0.85, 0.8, 0.7]
-    if strategy == "patience":
-        return [float(k) for k in range(num_exits)]
+    if strategy == "patience":  # k = 0 would exit every sample at the first exit (`degenerate_problem`)
+        return [float(k) for k in range(1, num_exits)]
     if strategy == "pcee":
         return [0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.8]
     if strategy == "lte":  # a fixed grid; the sweep prefers the head's own quantiles (its outputs cluster tightly)
@@ -125,6 +125,7 @@ __all__ = [
     "Strategy",
     "check_strategy",
     "default_sweep",
+    "degenerate_problem",
     "entropy_nats",
     "make_rule",
     "threshold_problem",

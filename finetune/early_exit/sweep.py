@@ -18,7 +18,7 @@ import torch
 
 from common.config import choice_problem
 from common.errors import ConfigError
-from common.io import atomic_write_text
+from common.io import atomic_write_text, make_dirs
 from elasticbert import ElasticBertForSequenceClassification
 from elasticbert.precision import model_precision
 
@@ -26,7 +26,16 @@ from ..data import Batch, EncodedSplit
 from ..tasks import TaskSpec
 from .engine import EarlyExitResult, exit_histogram, per_sample_flops, run_dataset, run_full_model, static_flops
 from .lte import LearnedExitHead
-from .rules import CLASSIFICATION_ONLY, STRATEGIES, ExitRule, Strategy, default_sweep, make_rule, threshold_problem
+from .rules import (
+    CLASSIFICATION_ONLY,
+    STRATEGIES,
+    ExitRule,
+    Strategy,
+    default_sweep,
+    degenerate_problem,
+    make_rule,
+    threshold_problem,
+)
 
 RESULT_KIND = "elasticbert-early-exit"
 RESULT_FORMAT = f"{RESULT_KIND}/1"
@@ -49,9 +58,11 @@ class SweepConfig:
     delta: float = 0.1  # PABEE regression: |Δ| below this counts as unchanged
     lte_head: LearnedExitHead | None = None
     samples_dir: Path | None = None  # per-sample TSVs of every operating point go here
+    num_labels: int | None = None  # the task's, when known: given thresholds are judged for degeneracy up front
 
     def validate(self) -> SweepConfig:
-        """Every problem with the strategies, thresholds and numeric options, at once."""
+        """Every problem with the strategies, thresholds and numeric options, at once (a grid none of whose points
+        depends on the input is one; a grid with some such points is run without them, see `usable_thresholds`)."""
         problems = [p for s in self.strategies if (p := choice_problem("--strategy", s, STRATEGIES))]
         if self.batch_size < 1 or self.repeats < 1:
             problems.append(f"--batch-size and --repeats must be >= 1, got {self.batch_size} and {self.repeats}")
@@ -64,9 +75,29 @@ class SweepConfig:
             problems.append(f"--delta must be >= 0, got {self.delta}")
         for name, thresholds in self.thresholds.items():
             problems += [p for tau in thresholds if (p := threshold_problem(name, tau))]
+            if thresholds and not problems and not usable_thresholds(name, thresholds, self.num_labels)[0]:
+                problems.append(degenerate_problem(name, thresholds[0], self.num_labels))
         if problems:
             raise ConfigError(problems)
         return self
+
+
+def usable_thresholds(name: str, thresholds: Sequence[float], num_labels: int | None) -> tuple[list[float], str]:
+    """The thresholds of a grid at which `name` depends on its input, and a line naming the others, which would
+    exit every sample at the same exit by construction (`elasticbert.exit_setting.degenerate_problem`), or ''. A grid
+    is a range chosen once for several models or label counts: its degenerate ends are dropped, not run under a name
+    that suggests a measurement of the rule."""
+    kept, dropped, why = [], [], ""
+    for tau in thresholds:
+        problem = degenerate_problem(name, tau, num_labels)
+        if problem is None:
+            kept.append(tau)
+        else:
+            dropped.append(f"{tau:g}")
+            why = why or problem.split(": ", 1)[1]
+    if not dropped:
+        return kept, ""
+    return kept, f"{name}: dropped τ={', '.join(dropped)} from the sweep: {why}"
 
 
 def parse_thresholds(text: str | None) -> list[float] | None:
@@ -196,7 +227,7 @@ def static_curve(
 
 def write_samples(path: Path, split: EncodedSplit, result: EarlyExitResult, flops: np.ndarray) -> None:
     """Per-sample record of one operating point: id, prediction, label, exit layer, real length, FLOPs, exits run."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     preds = result.predictions.tolist()
     labels = split.labels.tolist() if split.labels is not None else [""] * len(preds)
     lines = ["index\tprediction\tlabel\texit_layer\tlength\tflops\texits_run\n"]
@@ -259,12 +290,20 @@ def sweep(
     }
 
 
-def thresholds_for(name: str, config: SweepConfig, num_labels: int, num_exits: int) -> list[float]:
-    """The thresholds swept for one strategy: given, else the LTE head's own quantiles, else `default_sweep`."""
+def thresholds_for(
+    name: str, config: SweepConfig, num_labels: int, num_exits: int, log: Callable[[str], None] = print
+) -> list[float]:
+    """The thresholds swept for one strategy: given, else the LTE head's own quantiles, else `default_sweep`;
+    those at which the rule does not depend on its input are dropped with one line (`usable_thresholds`)."""
     thresholds = config.thresholds.get(name)
     if not thresholds and name == "lte" and config.lte_head is not None:
         thresholds = config.lte_head.suggested_thresholds
-    return thresholds or default_sweep(name, num_labels, num_exits)
+    kept, note = usable_thresholds(name, thresholds or default_sweep(name, num_labels, num_exits), num_labels)
+    if not kept:
+        raise ConfigError(note.replace("dropped", "no usable threshold:", 1))
+    if note:
+        log(note)
+    return kept
 
 
 def sweep_strategy(
@@ -281,7 +320,7 @@ def sweep_strategy(
     num_labels = model.config.num_labels
     lte_dim = config.lte_head.linear.in_features if name == "lte" and config.lte_head is not None else 0
     points = []
-    for tau in thresholds_for(name, config, num_labels, len(model.exit_layers)):
+    for tau in thresholds_for(name, config, num_labels, len(model.exit_layers), log):
         rule = make_rule(name, tau, num_labels, config.patience, config.delta, lte_head=config.lte_head)
         point, result = evaluate_point(model, split, task, rule, batches, reference, config.repeats, lte_dim)
         points.append(point)

@@ -136,3 +136,134 @@ def test_an_atomic_write_on_a_read_only_filesystem_names_the_file(tmp_path):
         with pytest.raises(OSError) as err:
             atomic_write_text(folder / "a.json", "{}")
         assert err.value.errno == errno.EROFS and err.value.filename == str(folder / "a.json")
+
+
+# ------------------------------------------------------------- issue 38, class 5: every write path knows its file
+
+
+def _text_write(path):
+    with open(path, "w", encoding="utf-8") as handle:  # buffered: the failure may come at write() or at close()
+        handle.write("x" * 2_000_000)
+
+
+def test_a_failed_write_inside_atomic_path_is_an_os_error_naming_the_file(tmp_path):
+    """torch.save's "unexpected pos N vs M", safetensors' "I/O error ... (os error 28)" and a plain write()/close()
+    that names no file all come out of `atomic_path` as OSError(ENOSPC) naming the file the caller asked for (not
+    its temporary), and leave nothing behind."""
+    import torch
+    from faults import small_tmpfs
+    from safetensors.torch import save_file
+
+    from common.io import atomic_path, writing
+
+    state = {"w": torch.zeros(300_000)}
+    writers = {
+        "a.bin": lambda path: torch.save(state, path),
+        "b.safetensors": lambda path: save_file(state, str(path)),
+        "c.txt": _text_write,
+    }
+    with small_tmpfs(tmp_path / "small", "512k") as small:
+        for name, write in writers.items():
+            with pytest.raises(OSError) as err:
+                with atomic_path(small / name) as tmp:
+                    write(tmp)
+            assert err.value.errno == errno.ENOSPC and err.value.filename == str(small / name), (name, err.value)
+            assert list(small.iterdir()) == [], name
+        with pytest.raises(OSError) as err:  # a library writing by path, outside atomic_path
+            with writing(small / "d.bin"):
+                torch.save(state, small / "d.bin")
+        assert err.value.errno == errno.ENOSPC and err.value.filename == str(small / "d.bin")
+
+
+def test_run_command_reports_a_libraries_disk_full_as_an_os_error(capsys):
+    """An exception that stands for an OSError (a library's own words) reaching the shared entry is one line with
+    errno, exit 74; any other exception is a bug and keeps its traceback."""
+    from common.errors import EXIT_OS_ERROR
+
+    def safetensors_full():
+        raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    assert run_command("finetune", safetensors_full) == EXIT_OS_ERROR
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No space left on device (ENOSPC: the disk is full)" in err
+
+    def bug():
+        raise RuntimeError("shape mismatch")
+
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        run_command("finetune", bug)
+
+
+def test_removed_on_failure_takes_back_what_a_failed_block_created(tmp_path):
+    """A failed command leaves no folder it made (with the parents it needed) and no file it created; what was
+    there before stays; a block that succeeds keeps everything."""
+    from common.io import removed_on_failure
+
+    new = tmp_path / "a" / "b"
+    with pytest.raises(ValueError):
+        with removed_on_failure(new) as folder:
+            folder.mkdir(parents=True)
+            (folder / "x.json").write_text("{}")
+            raise ValueError("failed")
+    assert not (tmp_path / "a").exists()
+    old = tmp_path / "old"
+    (old / "kept").mkdir(parents=True)
+    (old / "kept" / "earlier.tsv").write_text("k")
+    with pytest.raises(ValueError):
+        with removed_on_failure(old):
+            (old / "kept" / "new.tsv").write_text("n")
+            (old / "sub" / "deep").mkdir(parents=True)
+            (old / "sub" / "deep" / "y").write_text("y")
+            raise ValueError("failed")
+    assert sorted(str(p.relative_to(old)) for p in old.rglob("*")) == ["kept", "kept/earlier.tsv"]
+    with removed_on_failure(tmp_path / "ok") as folder:
+        folder.mkdir()
+        (folder / "f").write_text("f")
+    assert (tmp_path / "ok" / "f").read_text() == "f"
+
+
+def test_a_temporary_that_keeps_its_suffix_is_still_cleaned_up(tmp_path):
+    """`keep_suffix` (matplotlib picks the format by the suffix): `.NAME.tmpPID.png`, removed when its writer died."""
+    import subprocess as sp
+
+    from common.io import atomic_path, temporary_sibling
+
+    target = tmp_path / "curve.png"
+    assert temporary_sibling(target, keep_suffix=True).name == f".curve.png.tmp{os.getpid()}.png"
+    dead = int(sp.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout)
+    stale = tmp_path / f".curve.png.tmp{dead}.png"
+    stale.write_bytes(b"half")
+    with atomic_path(target, keep_suffix=True) as tmp:
+        assert tmp.suffix == ".png"
+        tmp.write_bytes(b"png")
+    assert target.read_bytes() == b"png" and not stale.exists()
+
+
+def test_make_dirs_names_the_file_that_stands_where_a_folder_is_expected(tmp_path):
+    """`Path.mkdir(parents=True, exist_ok=True)` says "File exists" about the folder it was asked for when a file has
+    that name, and names the asked-for folder when a file is above it; `make_dirs` names the file in both."""
+    from common.io import make_dirs
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for wanted in (blocker, blocker / "a" / "b"):
+        with pytest.raises(NotADirectoryError) as err:
+            make_dirs(wanted)
+        assert err.value.errno == errno.ENOTDIR and err.value.filename == str(blocker)
+    assert make_dirs(tmp_path / "c" / "d").is_dir()
+
+
+def test_write_all_never_drops_the_tail_of_a_short_write(tmp_path):
+    """An unbuffered file's write() on a filling disk writes what fits and returns the count (a text wrapper over it
+    drops the rest silently); `write_all` writes the rest or raises ENOSPC naming the file it is given."""
+    from faults import small_tmpfs
+
+    from common.io import write_all
+
+    with small_tmpfs(tmp_path / "small", "64k") as small:
+        with open(small / "out", "wb", buffering=0) as raw:
+            assert raw.write(b"x" * 100_000) == 65536  # the short write itself, as the kernel gives it
+        (small / "out").unlink()
+        with open(small / "out", "wb", buffering=0) as raw, pytest.raises(OSError) as err:
+            write_all(raw, b"x" * 100_000, "<stdout>")
+        assert err.value.errno == errno.ENOSPC and err.value.filename == "<stdout>"

@@ -1,5 +1,6 @@
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from data_prep.tokenizer import (
     check_tokenizer_dir,
     load_meta,
     resolve_tokenizer,
+    tokenizer_identity,
     train_tokenizer,
 )
 
@@ -291,3 +293,98 @@ def test_tokenizer_by_hub_name_offline(tmp_path, dp, vocab, gutenberg):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert "--tokenizer nobody/no-such-model: not a local directory and not in the Hugging Face cache" in r.stderr
     assert "offline mode is on" in r.stderr
+
+
+# ------------------------------------------------------------------------------------------------ tokenizer identity
+
+
+def _permuted(vocab: Path, directory: Path) -> Path:
+    """The same tokens at other ids (specials kept in place): a vocabulary of the same size that fits the same text."""
+    tokens = vocab.read_text(encoding="utf-8").split("\n")[:-1]
+    head, rest = tokens[:1000], tokens[1000:]
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "vocab.txt").write_text("\n".join(head + rest[::-1]) + "\n", encoding="utf-8")
+    return directory / "vocab.txt"
+
+
+def test_a_tokenizer_has_one_identity_whatever_files_hold_it(tmp_path, vocab):
+    """The MiniLM package's tokenizer.json + vocab.txt, a bare vocab.txt, data_prep's install of it and the copy
+    transformers saves of each have one fingerprint, recorded in data_prep_tokenizer.json; the same tokens at other
+    ids, lower-casing off, accents kept, or another special token each give another one."""
+    from transformers import BertTokenizer
+
+    from common.vocab import identity_of
+
+    shipped = identity_of(vocab.parent)
+    meta = adopt_vocab(vocab, tmp_path / "dp")
+    assert meta["identity"]["fingerprint"] == shipped.fingerprint == identity_of(tmp_path / "dp").fingerprint
+    assert shipped.summary().startswith("WordPiece, 30,522 tokens, lower-cased, fingerprint ")
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "vocab.txt").write_bytes(vocab.read_bytes())
+    assert identity_of(tmp_path / "bare") == shipped
+    for source in (vocab.parent, tmp_path / "dp", tmp_path / "bare"):
+        BertTokenizer.from_pretrained(str(source)).save_pretrained(tmp_path / "saved" / source.name)
+        assert identity_of(tmp_path / "saved" / source.name) == shipped, source
+
+    others = {
+        "permuted": adopt_vocab(_permuted(vocab, tmp_path / "p"), tmp_path / "permuted"),
+        "cased": adopt_vocab(vocab, tmp_path / "cased", lowercase=False),
+    }
+    fingerprints = {name: meta["identity"]["fingerprint"] for name, meta in others.items()}
+    (tmp_path / "accents").mkdir()
+    (tmp_path / "accents" / "vocab.txt").write_bytes(vocab.read_bytes())
+    (tmp_path / "accents" / "tokenizer_config.json").write_text(json.dumps({"strip_accents": False}))
+    fingerprints["accents"] = identity_of(tmp_path / "accents").fingerprint
+    (tmp_path / "special").mkdir()
+    (tmp_path / "special" / "vocab.txt").write_bytes(vocab.read_bytes())
+    (tmp_path / "special" / "tokenizer_config.json").write_text(json.dumps({"mask_token": "[unused1]"}))
+    fingerprints["special"] = identity_of(tmp_path / "special").fingerprint
+    assert len({shipped.fingerprint, *fingerprints.values()}) == 5
+    assert others["permuted"]["identity"]["vocab_size"] == shipped.vocab_size  # the size cannot tell it apart
+
+
+def test_tokenizer_files_that_contradict_each_other_are_refused(tmp_path, vocab):
+    """A vocab.txt swapped beside its tokenizer.json, or a tokenizer_config.json whose do_lower_case contradicts the
+    tokenizer.json (transformers reads one, data_prep the other) has no one identity: refused, naming the files."""
+    from common.vocab import TokenizerIdentityError, identity_of
+
+    adopt_vocab(vocab, tmp_path / "tok")
+    swapped = tmp_path / "swapped"
+    shutil.copytree(tmp_path / "tok", swapped)
+    _permuted(vocab, tmp_path / "p")
+    shutil.copy(tmp_path / "p" / "vocab.txt", swapped / "vocab.txt")
+    with pytest.raises(TokenizerIdentityError, match=r"vocab.txt: holds another vocabulary than .*tokenizer.json"):
+        identity_of(swapped)
+    flipped = tmp_path / "flipped"
+    shutil.copytree(tmp_path / "tok", flipped)
+    config = json.loads((flipped / "tokenizer_config.json").read_text())
+    (flipped / "tokenizer_config.json").write_text(json.dumps({**config, "do_lower_case": False}))
+    with pytest.raises(TokenizerIdentityError, match="tokenizer.json has lowercase True but tokenizer_config.json"):
+        identity_of(flipped)
+    with pytest.raises(DataPrepError, match="tokenizer.json has lowercase"):
+        tokenizer_identity(flipped)  # data_prep's own reading of it
+
+
+def test_the_manifest_records_the_identity_and_the_reader_checks_the_files_against_it(tmp_path, vocab, small_books):
+    """Every manifest carries its tokenizer's identity; a corpus whose tokenizer files were replaced after tokenizing
+    (another tokenizer of the same size installed over it) is refused by `PreparedCorpus.tokenizer_identity`, naming
+    both fingerprints; one whose manifest predates identities gets it from its files."""
+    from data_prep.pipeline import tokenize_corpus
+    from data_prep.reader import PreparedCorpus
+
+    out = tmp_path / "corpus"
+    manifest = tokenize_corpus(small_books[:1], out, tokenizer=vocab, valid_fraction=0.0)
+    recorded = manifest["tokenizer"]["identity"]
+    corpus = PreparedCorpus(out)
+    assert corpus.tokenizer_identity().fingerprint == recorded["fingerprint"]
+    old = json.loads((out / "manifest.json").read_text())
+    del old["tokenizer"]["identity"]
+    (out / "manifest.json").write_text(json.dumps(old))
+    assert PreparedCorpus(out).tokenizer_identity().fingerprint == recorded["fingerprint"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    adopt_vocab(_permuted(vocab, tmp_path / "p"), tmp_path / "other")
+    for name in ("vocab.txt", "tokenizer.json"):
+        shutil.copy(tmp_path / "other" / name, out / "tokenizer" / name)
+    with pytest.raises(DataPrepError, match=r"are not the tokenizer .*manifest.json records") as refused:
+        PreparedCorpus(out).tokenizer_identity()
+    assert recorded["fingerprint"][:12] in str(refused.value)

@@ -1,6 +1,7 @@
 """Saving and loading: our own format, AutoModel, plain BERT, the fnlp layout, and bad checkpoints."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -124,3 +125,81 @@ def test_config_validation_errors():
         ElasticBertConfig(exit_type="cnn")
     with pytest.raises(ValueError, match="not a multiple"):
         ElasticBertConfig(hidden_size=30, num_attention_heads=4)
+
+
+# ------------------------------------------------------------------------------------- checksums where weights load
+
+
+def _sealed(directory, tiny_config):
+    """A classifier saved and sealed as the project's writers do (`common.integrity.seal` after the last file)."""
+    from common.integrity import seal
+
+    torch.manual_seed(0)
+    model = ElasticBertForSequenceClassification(tiny_config(num_labels=2, exit_layers=[2, 4])).eval()
+    model.save_pretrained(directory)
+    seal(directory)
+    return model
+
+
+LOADERS = {
+    "load_pretrained": lambda d, **kw: load_pretrained(ElasticBertForSequenceClassification, d, **kw)[0],
+    "AutoModelForSequenceClassification": lambda d, **kw: AutoModelForSequenceClassification.from_pretrained(d, **kw),
+    "class from_pretrained": lambda d, **kw: ElasticBertForSequenceClassification.from_pretrained(d, **kw),
+    "ElasticBertConfig": lambda d, **kw: ElasticBertConfig.from_pretrained(d, **kw),
+}
+
+
+@pytest.mark.parametrize("loader", sorted(LOADERS))
+def test_every_entry_point_verifies_a_sealed_directory(tmp_path, tiny_config, loader):
+    """Flipped tensor bytes, a config.json changed by hand and a lost checksums.json are refused by whichever entry
+    point loads the directory, naming the file and the way to load it anyway; `verify_checksums=False` loads it."""
+    from common.integrity import SEALED_FIELD
+
+    _sealed(tmp_path / "sealed", tiny_config)
+    config = json.loads((tmp_path / "sealed" / "config.json").read_text())
+    assert config[SEALED_FIELD] == "checksums.json"  # the directory says it was sealed
+    load = LOADERS[loader]
+    load(tmp_path / "sealed")  # intact: loads
+
+    faults = {}
+    for name in ("weights", "config", "seal"):
+        faults[name] = tmp_path / name
+        shutil.copytree(tmp_path / "sealed", faults[name])
+    data = bytearray((faults["weights"] / "model.safetensors").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (faults["weights"] / "model.safetensors").write_bytes(bytes(data))
+    text = (faults["config"] / "config.json").read_text().replace('"layer_norm_eps": 1e-12', '"layer_norm_eps": 1e-19')
+    (faults["config"] / "config.json").write_text(text)
+    (faults["seal"] / "checksums.json").unlink()
+    expected = {
+        "weights": "model.safetensors: contents differ from the sha256 in checksums.json",
+        "config": "config.json: contents differ from the sha256 in checksums.json",
+        "seal": "checksums.json is missing, but",
+    }
+    for name, directory in faults.items():
+        with pytest.raises(CheckpointError) as refused:
+            load(directory)
+        assert expected[name] in str(refused.value) and "verify_checksums=False" in str(refused.value), name
+        load(directory, verify_checksums=False)
+
+
+def test_unsealed_directories_load_as_before_and_the_marker_is_not_kept_in_memory(tmp_path, tiny_config, minilm):
+    """A directory nobody sealed (the MiniLM package, a plain `save_pretrained`) has nothing to verify; a model loaded
+    from a sealed one and saved elsewhere is not sealed (the marker describes the directory, not the model), and
+    saving into a sealed directory drops its stale seal (the writer seals it again)."""
+    from common.integrity import SEALED_FIELD
+
+    load_pretrained(ElasticBertModel, minilm)
+    ElasticBertModel(tiny_config()).save_pretrained(tmp_path / "plain")
+    AutoModel.from_pretrained(tmp_path / "plain")
+    model = _sealed(tmp_path / "sealed", tiny_config)
+    loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "sealed")
+    assert not hasattr(loaded.config, SEALED_FIELD)
+    loaded.save_pretrained(tmp_path / "copy")
+    assert SEALED_FIELD not in json.loads((tmp_path / "copy" / "config.json").read_text())
+    load_pretrained(ElasticBertForSequenceClassification, tmp_path / "copy")
+    model.config.layer_norm_eps = 1e-6
+    model.save_pretrained(tmp_path / "sealed")  # rewritten in place: the old checksums.json would refuse it
+    assert not (tmp_path / "sealed" / "checksums.json").exists()
+    reloaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "sealed")
+    assert reloaded.config.layer_norm_eps == 1e-6

@@ -5,6 +5,7 @@ first, the way the Hugging Face ecosystem serves custom architectures (`auto_map
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -72,3 +73,57 @@ def test_without_the_opt_in_transformers_says_what_to_pass(tmp_path):
     _saved(tmp_path / "model")
     result = _probe(tmp_path / "model", False, tmp_path)
     assert "trust_remote_code=True" in result["error"]
+
+
+SEALED_PROBE = """
+import json, sys
+from transformers import pipeline
+assert "elasticbert" not in sys.modules
+out = {}
+for directory in sys.argv[1:]:
+    for verify in (True, False):
+        extra = {} if verify else {"model_kwargs": {"verify_checksums": False}}
+        try:
+            scores = pipeline("text-classification", model=directory, trust_remote_code=True, top_k=None, **extra)(
+                ["w1 w2 w3"]
+            )[0]
+            out[f"{directory}:{verify}"] = {"scores": {s["label"]: s["score"] for s in scores}}
+        except ValueError as err:  # CheckpointError is a UserError, a ValueError
+            out[f"{directory}:{verify}"] = {"error": f"{type(err).__name__}: {err}"}
+print(json.dumps(out))
+"""
+
+
+def test_the_remote_code_path_verifies_a_sealed_directory(tmp_path):
+    """`pipeline(..., trust_remote_code=True)` in a process that never imported elasticbert runs our classes'
+    `from_pretrained`, which checks checksums.json: flipped tensor bytes and a lost checksums.json are refused by
+    name; `model_kwargs={"verify_checksums": False}` loads them anyway (and the flipped weights then score
+    differently: the refusal was not a false alarm)."""
+    from common.integrity import seal
+
+    _saved(tmp_path / "model")
+    seal(tmp_path / "model")
+    flipped, lost = tmp_path / "flipped", tmp_path / "lost"
+    shutil.copytree(tmp_path / "model", flipped)
+    shutil.copytree(tmp_path / "model", lost)
+    weights = bytearray((flipped / "model.safetensors").read_bytes())
+    for i in range(len(weights) - 400, len(weights) - 100):  # tensor data (the header is at the front)
+        weights[i] ^= 0xFF
+    (flipped / "model.safetensors").write_bytes(bytes(weights))
+    (lost / "checksums.json").unlink()
+    out = subprocess.run(
+        [sys.executable, "-c", SEALED_PROBE, str(tmp_path / "model"), str(flipped), str(lost)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "scores" in result[f"{tmp_path / 'model'}:True"]
+    assert "model.safetensors: contents differ from the sha256" in result[f"{flipped}:True"]["error"]
+    assert "checksums.json is missing, but" in result[f"{lost}:True"]["error"]
+    assert "verify_checksums=False" in result[f"{lost}:True"]["error"]
+    assert result[f"{lost}:False"]["scores"] == result[f"{tmp_path / 'model'}:True"]["scores"]
+    assert result[f"{flipped}:False"]["scores"] != result[f"{tmp_path / 'model'}:True"]["scores"]

@@ -534,16 +534,16 @@ def _small_vocab_tokenizer(directory: Path, size: int = 2000) -> Path:
 
 def test_a_tokenizer_that_does_not_fit_the_model_is_refused(tmp_path, capsys, glue, finished):
     """`train --tokenizer` with a 2,000-entry vocabulary for a 30,522-entry model used to train to the end on 72 %
-    [UNK]; `predict` with such a tokenizer in the model's directory too. Both now refuse as data_prep does, naming
-    the rate and the way out (--max-unk-fraction 1); a tokenizer larger than the embeddings is refused outright."""
+    [UNK]: it is not the model's tokenizer (`common.vocab` identities), refused before any data is read, naming both
+    sides; a tokenizer larger than the embeddings is refused by its size. A model directory whose tokenizer files were
+    swapped for that vocabulary is refused by `predict` too. The [UNK] guard stands for the model's own tokenizer on
+    text it does not fit: a Tifinagh word in every line is refused, naming the rate and the way out."""
     from common.integrity import seal
 
     small = _small_vocab_tokenizer(tmp_path / "small")
     err = error_of(capsys, train_argv(glue, tmp_path / "r1", "--tokenizer", str(small)))
-    assert "% [UNK]" in err and "in the first" in err and "training examples" in err
-    assert "--max-unk-fraction 1" in err and not (tmp_path / "r1" / "best").exists()
-    capsys.readouterr()
-    assert main(train_argv(glue, tmp_path / "r2", "--tokenizer", str(small), "--max-unk-fraction", "1")) == 0
+    assert f"the tokenizer {small}" in err and "2,000 vs 30,522 tokens" in err and "drop --tokenizer" in err
+    assert not (tmp_path / "r1" / "best").exists()
 
     big = tmp_path / "big"
     big.mkdir()
@@ -563,8 +563,15 @@ def test_a_tokenizer_that_does_not_fit_the_model_is_refused(tmp_path, capsys, gl
     rows = (GLUE / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:200]
     texts.write_text("\n".join(r.split("\t")[0] for r in rows) + "\n", encoding="utf-8")
     err = error_of(capsys, ["predict", "--model", str(model), "--input", str(texts), "--no-progress"])
-    assert "% [UNK]" in err and "of the inputs so far" in err
-    argv = ["predict", "--model", str(model), "--input", str(texts), "--no-progress", "--max-unk-fraction", "1"]
+    assert "the tokenizer saved in" in err and "is not the tokenizer the model" in err
+    assert "2,000 vs 30,522 tokens" in err and "Restore the tokenizer files" in err
+
+    texts = tmp_path / "tifinagh.txt"
+    texts.write_text("\n".join(["a fine and moving film about ⴰⵣⵓⵍ"] * 700) + "\n", encoding="utf-8")
+    best = str(finished / "best")
+    err = error_of(capsys, ["predict", "--model", best, "--input", str(texts), "--no-progress"])
+    assert "% [UNK]" in err and "of the inputs so far" in err and "--max-unk-fraction 1" in err
+    argv = ["predict", "--model", best, "--input", str(texts), "--no-progress", "--max-unk-fraction", "1"]
     assert main(argv) == 0
 
 
@@ -793,7 +800,9 @@ def _device_commands(glue: Path, finished: Path, tmp_path: Path) -> dict[str, li
     result = tmp_path / "result.json"
     recorded = {"format": "elasticbert-early-exit/1", "task": "SST-2", "model": best, "data_dir": str(glue)}
     full = {"score": 50.0, "mean_flops": 1e7}
-    result.write_text(json.dumps({**recorded, "full_model": full, "strategies": {}, "max_length": 32}))
+    point = {"threshold": 0.3, "score": 50.0, "mean_flops": 1e7}  # a submission with nothing to write is refused
+    strategies = {"entropy": {"params": {"patience": 2, "delta": 0.1}, "points": [point]}}
+    result.write_text(json.dumps({**recorded, "full_model": full, "strategies": strategies, "max_length": 32}))
     data = ["--data-dir", str(glue)]
     return {
         "train": train_argv(glue, tmp_path / "run"),

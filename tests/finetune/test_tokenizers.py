@@ -3,6 +3,7 @@ segment ids only where the model has embeddings for them, and `--model` / `--tok
 hand-made hub cache)."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -10,9 +11,10 @@ from hub_cache import add_to_hub_cache
 from tokenizers import ByteLevelBPETokenizer
 from transformers import BertTokenizer, RobertaConfig, RobertaModel, RobertaTokenizer
 
+from common.vocab import identity_of
 from finetune.__main__ import main
-from finetune.data import encode_examples, load_tokenizer, tokenizer_kind
-from finetune.tasks import Example, get_task, load_split
+from finetune.data import encode_examples, load_tokenizer, paired_tokenizer, tokenizer_kind
+from finetune.tasks import DataError, Example, get_task, load_split
 
 PAIRS = [Example("A man is playing a guitar.", "Someone plays music.", 0, 0), Example("It rains.", "It is dry.", 1, 1)]
 
@@ -84,6 +86,10 @@ def test_roberta_backbone_fine_tunes_end_to_end_with_its_own_tokenizer(tmp_path,
     )
     scores = json.loads((out / "dev_scores.json").read_text())
     assert set(scores["best"]["exits"]) == {"1", "2"}
+    # best/ records the identity of the tokenizer it was trained with, and its saved BPE files have that identity
+    recorded = json.loads((out / "best" / "config.json").read_text())["tokenizer_identity"]
+    assert recorded["fingerprint"] == identity_of(roberta_dir).fingerprint == identity_of(out / "best").fingerprint
+    assert recorded["kind"] == "BPE"
     # RoBERTa's positions start at pad_token_id + 1: 66 embeddings hold 64 tokens, and a longer --max-length is
     # refused up front instead of failing at the first long row
     capsys.readouterr()
@@ -107,3 +113,37 @@ def test_model_and_tokenizer_by_hub_name_from_an_offline_cache(tmp_path, monkeyp
     assert saved["resolved"]["model_path"] == str(snapshot)
     assert saved["resolved"]["tokenizer_path"] == str(snapshot)
     assert (out / "best" / "tokenizer.json").is_file()
+
+
+def _variant(minilm, directory, transform=None, config=None):
+    """MiniLM's tokenizer with its vocabulary changed by `transform` and/or its tokenizer_config.json by `config`."""
+    directory.mkdir()
+    tokens = (minilm / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    (directory / "vocab.txt").write_text("\n".join(transform(tokens) if transform else tokens) + "\n")
+    settings = {**json.loads((minilm / "tokenizer_config.json").read_text()), **(config or {})}
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings))
+    return directory
+
+
+def test_a_tokenizer_is_paired_with_a_model_only_when_it_is_the_models(minilm, tmp_path):
+    """The same vocabulary in another form pairs with MiniLM; the same tokens at other ids (same size: the size check
+    passes it) and the cased reading of its vocabulary are refused, naming both sides; so are a model directory's own
+    tokenizer files that are not what its config.json records (load_tokenizer, as predict and evaluate load it)."""
+    same = _variant(minilm, tmp_path / "same")
+    assert paired_tokenizer(same, minilm).fingerprint == identity_of(minilm).fingerprint
+    shuffled = _variant(minilm, tmp_path / "shuffled", lambda t: t[:1000] + t[1000:][::-1])
+    with pytest.raises(DataError, match="the same size, but other tokens") as refused:
+        paired_tokenizer(shuffled, minilm)
+    assert f"the tokenizer {shuffled}" in str(refused.value) and f"the model {minilm} was trained with" in str(
+        refused.value
+    )
+    assert identity_of(minilm).short in str(refused.value) and "drop --tokenizer" in str(refused.value)
+    cased = _variant(minilm, tmp_path / "cased", config={"do_lower_case": False})
+    with pytest.raises(DataError, match="cased vs lower-cased"):
+        paired_tokenizer(cased, minilm)
+    model = tmp_path / "model"  # a model directory whose config.json records MiniLM's tokenizer, with other files
+    shutil.copytree(shuffled, model)
+    config = json.loads((minilm / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "tokenizer_identity": identity_of(minilm).to_dict()}))
+    with pytest.raises(DataError, match=r"config.json records so\)"):
+        load_tokenizer(model)

@@ -80,8 +80,8 @@ class RecordingTrainer(Trainer):
 
     snapshots: list = []
 
-    def run_phase(self, phase):
-        super().run_phase(phase)
+    def run_phase(self, phase, index=0):
+        super().run_phase(phase, index)
         self.snapshots.append((phase.name, {k: v.clone() for k, v in self.model.state_dict().items()}))
 
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from common.errors import ConfigError
+from common.errors import ConfigError, UserError
 from elasticbert import minilm_dir
 from finetune import early_exit
 from finetune.__main__ import build_parser
@@ -20,7 +20,7 @@ def test_early_exit_then_elue_score_and_submission(saved_model, small_glue, smal
     rows = small_glue_rows
     out = tmp_path / "run"
     common = ["--model", str(saved_model), "--task", "SST-2", "--data-dir", str(small_glue), "--output", str(out)]
-    runs = [["lte", "--sweep", "0.3,0.6"], ["patience", "--sweep", "0,5"], ["entropy,maxprob,pcee"]]
+    runs = [["lte", "--sweep", "0.3,0.6"], ["patience", "--sweep", "1,5"], ["entropy,maxprob,pcee"]]
     for run in runs:  # each run keeps the others' points (one JSON, one plot)
         args = _parser().parse_args(["early-exit", *common, "--batch-size", "8", "--strategy", *run])
         assert args.func(args) == 0
@@ -30,7 +30,7 @@ def test_early_exit_then_elue_score_and_submission(saved_model, small_glue, smal
     assert stem.with_suffix(".png").stat().st_size > 10_000
     assert set(results["strategies"]) == set(early_exit.STRATEGIES)
     assert len(results["strategies"]["entropy"]["points"]) == 7  # the default sweep
-    assert [p["threshold"] for p in results["strategies"]["patience"]["points"]] == [0, 5]
+    assert [p["threshold"] for p in results["strategies"]["patience"]["points"]] == [1, 5]
     assert [p["layer"] for p in results["static"]] == [1, 2, 3, 4, 5, 6]
     assert results["full_model"]["score"] == results["static"][-1]["score"]
     for entry in results["strategies"].values():
@@ -68,22 +68,24 @@ def test_early_exit_then_elue_score_and_submission(saved_model, small_glue, smal
     )
     assert args.func(args) == 0
     point_dirs = sorted(p.name for p in sub_dir.iterdir())
-    assert point_dirs == ["patience_0", "patience_5"]
-    files = sorted(p.name for p in (sub_dir / "patience_0").iterdir())
+    assert point_dirs == ["patience_1", "patience_5"]
+    files = sorted(p.name for p in (sub_dir / "patience_1").iterdir())
     assert files == ["SST-2.tsv", "SST-2_exit_layer.tsv", "SST-2_modules.tsv", "model.py", "submission.json"]
-    predictions = (sub_dir / "patience_0" / "SST-2.tsv").read_text().splitlines()
+    predictions = (sub_dir / "patience_1" / "SST-2.tsv").read_text().splitlines()
     assert predictions[0] == "index\tprediction" and len(predictions) == rows["test"]
     assert all(line.split("\t")[1] in ("0", "1") for line in predictions[1:])
-    exits = (sub_dir / "patience_0" / "SST-2_exit_layer.tsv").read_text().splitlines()
+    exits = (sub_dir / "patience_1" / "SST-2_exit_layer.tsv").read_text().splitlines()
     assert exits[0] == "index\texit_layer\tlength\tflops"
-    assert {line.split("\t")[1] for line in exits[1:]} == {"1"}  # patience 0 exits at the first exit
+    layers = {line.split("\t")[0]: int(line.split("\t")[1]) for line in exits[1:]}
+    assert min(layers.values()) >= 2  # patience 1: two exits must agree first
     lengths = {line.split("\t")[0]: line.split("\t")[2] for line in exits[1:]}
-    modules = (sub_dir / "patience_0" / "SST-2_modules.tsv").read_text().splitlines()
+    modules = (sub_dir / "patience_1" / "SST-2_modules.tsv").read_text().splitlines()
     assert modules[0] == "index\tmodules" and len(modules) == rows["test"]
-    for line in modules[1:]:  # ELUE's trace: (L),emb; (L,H),layer_1; (H),exit_1 with the sample's real length
+    for line in modules[1:]:  # ELUE's trace: (L),emb; (L,H),layer_1; (H),exit_1; ... with the sample's real length
         index, trace = line.split("\t")
         length = lengths[index]
-        assert trace == f"({length}),emb; ({length},384),layer_1; (384),exit_1"
+        layer_by_layer = [f"({length},384),layer_{i}; (384),exit_{i}" for i in range(1, layers[index] + 1)]
+        assert trace == f"({length}),emb; " + "; ".join(layer_by_layer)
     meta = json.loads((sub_dir / "patience_5" / "submission.json").read_text())["SST-2"]
     assert meta["strategy"] == "patience" and meta["test_exit_histogram"]["6"] == rows["test"] - 1
     assert meta["split"] == "test" and meta["num_samples"] == rows["test"] - 1
@@ -121,7 +123,7 @@ def test_cli_rejects_bad_requests(saved_model, small_glue, tmp_path, capsys):
     with pytest.raises(ConfigError, match="exactly one"):
         args.func(args)
     args = _parser().parse_args(["early-exit", *common, "--task", "STS-B"])
-    with pytest.raises(ConfigError, match="labels"):
+    with pytest.raises(UserError, match="--task STS-B needs a regression value, but .* has a head of 2 labels"):
         args.func(args)
     # through `python -m finetune`: a message and exit 2, no traceback
     from finetune.__main__ import main

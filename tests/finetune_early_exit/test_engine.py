@@ -6,8 +6,13 @@ import re
 import pytest
 import torch
 
+from common.errors import ConfigError
 from finetune.early_exit import (
+    EntropyRule,
     LearnedExitHead,
+    MaxProbRule,
+    PatienceRule,
+    PCEERule,
     entropy_nats,
     make_rule,
     run_batch,
@@ -115,7 +120,15 @@ def test_unsorted_batches_give_the_same_result(classifier, sst2_dev):
 # Extremes inside each threshold's range (out-of-range thresholds are refused): a softmax never reaches 1.0 here, and
 # the normalised entropy H / ln K stays below 1 unless the distribution is exactly uniform.
 NEVER = {"entropy": 0.0, "maxprob": 1.0, "patience": 6, "pcee": 0.0, "lte": 0.0}
-ALWAYS = {"entropy": math.inf, "maxprob": 0.0, "patience": 0, "pcee": 1.0, "lte": 2.0}
+# Thresholds at which a rule fires whatever the input: `make_rule` refuses them (issue 38, class 6), so the engine's
+# "everyone leaves at exit 1" path is driven through the rule classes themselves.
+ALWAYS = {
+    "entropy": lambda head: EntropyRule(math.inf),
+    "maxprob": lambda head: MaxProbRule(0.0),
+    "patience": lambda head: PatienceRule(0),
+    "pcee": lambda head: PCEERule(1.0, patience=1),
+    "lte": lambda head: make_rule("lte", 2.0, 2, lte_head=head),
+}
 
 
 @pytest.mark.parametrize("strategy", list(NEVER))
@@ -130,9 +143,39 @@ def test_never_and_always_fire(strategy, classifier, sst2_dev):
     assert never.exit_layers.eq(6).all() and never.exits_evaluated.eq(6).all()
     torch.testing.assert_close(never.logits, full[-1], atol=1e-5, rtol=0)
 
-    always = run_batch(classifier, ids, mask, types, make_rule(strategy, ALWAYS[strategy], 2, **kwargs))
+    always = run_batch(classifier, ids, mask, types, ALWAYS[strategy](head))
     assert always.exit_layers.eq(1).all() and always.exits_evaluated.eq(1).all()
     torch.testing.assert_close(always.logits, full[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "strategy,threshold,labels,message",
+    [
+        ("patience", 0, 2, "0 needs none, so every sample leaves at the first exit"),
+        ("patience", 0, 1, "0 needs none"),  # regression too
+        ("entropy", math.log(2), 2, "at most ln 2 = 0.693147 nats"),
+        ("entropy", 0.6931, 2, "at τ >= ln 2 (to 4 decimals) every sample leaves at the first exit"),
+        ("entropy", 1.0, 2, "at most ln 2"),
+        ("entropy", 1.0986, 3, "at most ln 3"),
+        ("maxprob", 0.5, 2, "at least 1/2 = 0.500000"),
+        ("maxprob", 0.3333, 3, "at least 1/3"),
+        ("maxprob", 0.2, 3, "at least 1/3"),
+        ("pcee", 1.0, 2, "every exit counts as confident"),
+    ],
+)
+def test_thresholds_that_decide_without_the_input_are_refused(strategy, threshold, labels, message):
+    """Issue 38 class 6: a rule whose threshold sends every sample out at the same exit by construction is refused
+    where a setting is checked once (`exit_setting.degenerate_problem`, through `make_rule`)."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        make_rule(strategy, threshold, labels)
+
+
+@pytest.mark.parametrize(
+    "strategy,threshold,labels",
+    [("patience", 1, 2), ("entropy", 0.6930, 2), ("entropy", 0.7, 3), ("maxprob", 0.5001, 2), ("pcee", 0.9999, 2)],
+)
+def test_thresholds_just_inside_the_bounds_still_run(strategy, threshold, labels):
+    assert make_rule(strategy, threshold, labels).threshold == threshold
 
 
 def test_exit_subset_and_static_truncation(classifier, sst2_dev):

@@ -155,7 +155,8 @@ def test_blended_corpora_must_share_a_tokenizer(prepared_gutenberg, tmp_path, cl
     other = tmp_path / "other"
     tokenize_corpus([str(GUTENBERG / BOOKS[1])], other, tokenizer=tmp_path / "tok", valid_fraction=0.1)
     mixed = load_config(TINY, [f"data.corpora=[{{path: {prepared_gutenberg}}}, {{path: {other}}}]"])
-    with pytest.raises(ConfigError, match=r"data.corpora\[1\] .* uses a different tokenizer"):
+    refusal = r"the tokenizer of data.corpora\[1\] .* is not the tokenizer of data.corpora\[0\] .*blended corpora"
+    with pytest.raises(ConfigError, match=refusal):
         open_data(mixed, tmp_path, need_valid=False)
 
 

@@ -84,3 +84,23 @@ def test_an_export_is_sealed_and_a_killed_exports_temporary_is_removed(tmp_path,
     assert main(["export", "--checkpoint", str(tmp_path / "checkpoints"), "--output", str(out)]) == 0
     assert not litter.exists() and (out / "checksums.json").is_file() and verify_directory(out) == []
     assert (out / "modeling_elasticbert.py").is_file()  # and plain transformers can load it (remote code)
+
+
+def test_an_export_onto_a_full_disk_is_one_line_naming_the_file(tmp_path, capsys):
+    """Issue 38 class 5: `pretrain export` onto a full disk ended in a 38-line traceback (safetensors' own error
+    type, not an OSError). Now: one line naming the export and the file being written, ENOSPC, exit 4, and nothing
+    left on the disk (nor the folder made for the export); both layouts."""
+    from faults import small_tmpfs
+
+    _checkpoint(tmp_path / "checkpoints")
+    with small_tmpfs(tmp_path / "small", "64k") as small:
+        for layout in ("ours", "fnlp"):
+            out = small / "exports" / layout
+            argv = ["export", "--checkpoint", str(tmp_path / "checkpoints"), "--output", str(out), "--layout", layout]
+            capsys.readouterr()
+            code = main(argv)
+            err = capsys.readouterr().err
+            assert code == 4 and "Traceback" not in err and err.count("pretrain: error:") == 1, err
+            assert f"pretrain: error: {out}: cannot write the export ({out}/" in err, err
+            assert "No space left on device (ENOSPC" in err and ".tmp" not in err, err
+            assert list(small.iterdir()) == [], list(small.rglob("*"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -201,3 +202,35 @@ def test_the_built_model_must_have_the_checkpoints_weight_shapes(tmp_path):
         check_architecture(tmp_path, tag, types.SimpleNamespace(hidden_size=384, vocab_size=30522))
     assert f"checkpoint {tmp_path / tag} cannot be loaded into this model" in str(e.value)
     assert "hidden_size=64 in the checkpoint but 384 in this run (model.hidden_size)" in str(e.value)
+
+
+def test_a_resume_onto_tokens_of_another_tokenizer_is_refused(tmp_path):
+    """The checkpoint `latest` names records the tokenizer its weights were trained with (export/config.json's
+    `tokenizer_identity`; a checkpoint of an older trainer: its export/tokenizer files). Data tokenized with another
+    one (a corpus re-tokenized at the same path) is refused, naming both fingerprints; the same one resumes; a
+    missing `latest` or a checkpoint with neither record is left to the checkpointer."""
+    from common.vocab import identity_of
+    from data_prep.tokenizer import adopt_vocab, minilm_vocab
+    from pretrain.checkpoint import check_resume_tokenizer
+
+    vocab = minilm_vocab()
+    adopt_vocab(vocab, tmp_path / "tok")
+    tokens = vocab.read_text(encoding="utf-8").split("\n")[:-1]
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "vocab.txt").write_text("\n".join(tokens[:1000] + tokens[1000:][::-1]) + "\n")
+    adopt_vocab(tmp_path / "p" / "vocab.txt", tmp_path / "other")
+    ours, other = identity_of(tmp_path / "tok"), identity_of(tmp_path / "other")
+    ckpt = tmp_path / "checkpoints"
+    check_resume_tokenizer(ckpt, other, "data")  # no checkpoint yet: a new run
+    tag = _checkpoint(ckpt, 4)
+    (ckpt / LATEST).write_text(tag)
+    check_resume_tokenizer(ckpt, other, "data")  # nothing recorded: nothing to compare
+    (ckpt / tag / "export" / "config.json").write_text(json.dumps({"tokenizer_identity": ours.to_dict()}))
+    check_resume_tokenizer(ckpt, ours, "data")
+    with pytest.raises(ResumeError, match=r"checkpoint .*global_step4 was trained with") as refused:
+        check_resume_tokenizer(ckpt, other, "the tokenizer of data.corpora[0] (/corpus)")
+    assert ours.short in str(refused.value) and other.short in str(refused.value)
+    (ckpt / tag / "export" / "config.json").write_text("{}")  # an older trainer: its copy of the tokenizer says
+    shutil.copytree(tmp_path / "tok", ckpt / tag / "export" / "tokenizer")
+    with pytest.raises(ResumeError, match="the same size, but other tokens"):
+        check_resume_tokenizer(ckpt, other, "data")

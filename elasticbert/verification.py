@@ -1,0 +1,88 @@
+"""Checksums are checked where weights are loaded, whichever entry point loads them: `load_pretrained` and every
+command (through `loading.read_config`), and `from_pretrained` of our model and config classes - so
+`AutoModel*.from_pretrained`, `pipeline(...)` and the `trust_remote_code=True` copies (which import these classes)
+verify too.
+
+A directory this project wrote carries checksums.json and says so in its config.json (`common.integrity.seal`): one
+whose files changed since (flipped bytes inside a tensor pass every format check; an edited config.json changes the
+model), or that lost its checksums.json (a partial copy), is refused by name. Directories that never were sealed (a hub
+BERT, the MiniLM package, another tool's export) load as they are. `--no-verify-checksums` (commands),
+`verify_checksums=False` (`from_pretrained`, `load_pretrained`) or `set_checksum_verification(False)` (a process) load a
+refused directory anyway.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+
+from common.errors import UserError
+from common.integrity import IntegrityError, verify_directory
+
+OVERRIDE = "--no-verify-checksums (commands) or verify_checksums=False (from_pretrained, load_pretrained)"
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot be loaded: missing files, corrupt weights, wrong shapes, a layout we do not
+    understand, or one that would leave encoder weights random. Names the file or the keys."""
+
+
+_VERIFY_CHECKSUMS = {"enabled": True}
+_INSIDE_A_VERIFIED_LOAD: ContextVar[bool] = ContextVar("inside_a_verified_load", default=False)
+_VERIFIED: set[tuple] = set()  # directories hashed by this process, with the size and mtime of each file then
+
+
+def set_checksum_verification(enabled: bool) -> None:
+    """Whether loading a model checks its checksums.json (`--no-verify-checksums` turns it off for one command)."""
+    _VERIFY_CHECKSUMS["enabled"] = bool(enabled)
+
+
+def checksum_verification() -> bool:
+    """Whether this process verifies the model directories it loads (`set_checksum_verification`)."""
+    return _VERIFY_CHECKSUMS["enabled"]
+
+
+def verify_model_directory(directory: str | os.PathLike, verify: bool | None = None) -> None:
+    """Refuse (CheckpointError) a sealed directory whose files changed after it was written, or that says it was
+    sealed but has no checksums.json; `verify`: None follows `set_checksum_verification`, False skips the check. A
+    directory is hashed once per process while its files keep their size and mtime."""
+    directory = Path(directory)
+    if _INSIDE_A_VERIFIED_LOAD.get() or not (checksum_verification() if verify is None else verify):
+        return
+    files = sorted(p for p in directory.rglob("*") if p.is_file())
+    key = (str(directory.resolve()), *((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files))
+    if key in _VERIFIED:
+        return
+    try:
+        problems = verify_directory(directory)
+    except IntegrityError as err:
+        problems = [str(err)]
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise CheckpointError(
+            f"{problems[0]}{more}; the model in {directory} is refused: re-train or re-export it, or load it anyway "
+            f"with {OVERRIDE}"
+        )
+    _VERIFIED.add(key)
+
+
+def verify_pretrained_path(name_or_path: str | os.PathLike, subfolder: object = "", verify: object = None) -> None:
+    """`from_pretrained`'s check: a local directory (`subfolder` inside it) is verified; a hub name is left to the
+    hub (its files are fetched one by one, without the directory's checksums.json)."""
+    directory = Path(os.path.expanduser(str(name_or_path))) / str(subfolder or "")
+    if directory.is_dir():
+        verify_model_directory(directory, None if verify is None else bool(verify))
+
+
+@contextmanager
+def verified_load() -> Iterator[None]:
+    """A model's `from_pretrained` verified its directory (or was told not to): the config it loads inside is not
+    verified again (with `verify_checksums=False` it would otherwise be refused there)."""
+    token = _INSIDE_A_VERIFIED_LOAD.set(True)
+    try:
+        yield
+    finally:
+        _INSIDE_A_VERIFIED_LOAD.reset(token)
