@@ -24,7 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from finetune.data import EncodedSplit, default_data_dir, in_dataset_order, load_tokenizer, subsample  # noqa: E402
+from common.cli import add_data_dir, add_threads  # noqa: E402
+from finetune.data import EncodedSplit, in_dataset_order, load_tokenizer, subsample  # noqa: E402
 from finetune.early_exit import (  # noqa: E402
     default_sweep,
     make_rule,
@@ -63,7 +64,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="fine-tuned multi-exit model (e.g. OUTPUT/best of finetune train)")
     p.add_argument("--task", default="SST-2")
-    p.add_argument("--data-dir", default=default_data_dir(), help="GLUE root (default: $GLUE_DIR, else the hub)")
+    add_data_dir(p)
     p.add_argument("--split", default="dev")
     p.add_argument("--strategy", default="entropy")
     p.add_argument("--thresholds", default=None, help="three thresholds (default: picked by --targets)")
@@ -72,7 +73,7 @@ def main() -> int:
     p.add_argument("--max-examples", type=int, default=None, help="seeded subset of the dev set")
     p.add_argument("--max-examples-batch1", type=int, default=400, help="subset used at batch 1 (it is the slow one)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds; the minimum is kept")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (1: robust on a shared machine)")
+    add_threads(p, default=1, help="torch threads (1: robust on a shared machine)")
     p.add_argument("--max-length", type=int, default=128)
     args = p.parse_args()
 

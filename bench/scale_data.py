@@ -200,15 +200,15 @@ def _open_corpus(path: str, out: mp.Queue) -> None:
     out.put({"seconds": seconds, "rss_mb": after["rss"] - before["rss"], "shards": corpus.num_shards})
 
 
-def old_build_sample_index(corpus: object, max_seq_len: int, short_seq_prob: float, seed: int) -> np.ndarray:
+def old_build_sample_index(corpus: object, max_length: int, short_seq_prob: float, seed: int) -> np.ndarray:
     """The builder before this change (INDEX_VERSION 1): one Python iteration per sample over the concatenated
     sentence lengths of every shard, rows in a Python list. Kept here only to measure it side by side."""
-    max_tokens = max_seq_len - 3
+    max_tokens = max_length - 3
     lengths = np.asarray(corpus.sentence_lengths, dtype=np.int64)
     cum = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=cum[1:])
     bounds = np.asarray(corpus.doc_boundaries, dtype=np.int64)
-    rng = np.random.default_rng([seed, 1, max_seq_len])
+    rng = np.random.default_rng([seed, 1, max_length])
     rows = []
     for doc in range(len(bounds) - 1):
         start, end = int(bounds[doc]), int(bounds[doc + 1])

@@ -37,6 +37,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from elasticbert.exit_setting import EarlyExitSetting  # noqa: E402
 from elasticbert.precision import for_inference  # noqa: E402
 from experiments.common import GLUE_DIR, RESULTS_DIR, write_json  # noqa: E402
 from finetune.data import EncodedSplit, load_tokenizer, subsample  # noqa: E402
@@ -107,9 +108,11 @@ def calibrate(model: nn.Module, split: EncodedSplit, labels: np.ndarray, floor: 
     return best or {"threshold": None}
 
 
-def early_exit_rule(calibrated: dict) -> tuple[str, float | None]:
+def early_exit_rule(calibrated: dict) -> EarlyExitSetting:
     """The entropy rule at the calibrated threshold, or the full model when no threshold kept the accuracy."""
-    return ("static", None) if calibrated["threshold"] is None else ("entropy", calibrated["threshold"])
+    if calibrated["threshold"] is None:
+        return EarlyExitSetting("static")
+    return EarlyExitSetting("entropy", calibrated["threshold"])
 
 
 def runners(task, model_dir: Path, examples, tokenizer, max_length: int, thresholds: dict, sessions: dict) -> dict:
@@ -151,9 +154,9 @@ def runners(task, model_dir: Path, examples, tokenizer, max_length: int, thresho
 
         return run
 
-    def ours(strategy: str, threshold: float | None, precision: str) -> Callable[[int], list[int]]:
+    def ours(setting: EarlyExitSetting, precision: str) -> Callable[[int], list[int]]:
         classifier = EarlyExitClassifier(
-            model, tokenizer, strategy, threshold, max_length=max_length, task=task, precision=precision
+            model, tokenizer, setting, max_length=max_length, task=task, precision=precision
         )
 
         def run(batch_size: int) -> list[int]:
@@ -166,10 +169,10 @@ def runners(task, model_dir: Path, examples, tokenizer, max_length: int, thresho
         "pipeline fp32": run_pipeline,
         "ORT fp32": ort_runner(sessions["ORT fp32"]),
         "ORT int8": ort_runner(sessions["ORT int8"]),
-        "ours full fp32": ours("static", None, "fp32"),
-        "ours full int8": ours("static", None, "int8"),
-        "ours EE fp32": ours(*early_exit_rule(thresholds["fp32"]), "fp32"),
-        "ours EE int8": ours(*early_exit_rule(thresholds["int8"]), "int8"),
+        "ours full fp32": ours(EarlyExitSetting("static"), "fp32"),
+        "ours full int8": ours(EarlyExitSetting("static"), "int8"),
+        "ours EE fp32": ours(early_exit_rule(thresholds["fp32"]), "fp32"),
+        "ours EE int8": ours(early_exit_rule(thresholds["int8"]), "int8"),
     }
 
 

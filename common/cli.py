@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from .config import field_types, literal_choices, strip_optional
 from .errors import EXIT_INTERRUPTED, EXIT_OS_ERROR, UserError, describe_os_error, os_error_of
@@ -94,6 +95,13 @@ def add_command(
     return parser
 
 
+def call_with_options(func: Callable[..., Any], args: argparse.Namespace, /, **given: Any) -> Any:
+    """`func(...)` as a command calls its library function: `given`, and every other parameter of `func` from the
+    option of the same name when the command has one (one it has not keeps the function's default)."""
+    options = {name: getattr(args, name) for name in inspect.signature(func).parameters if hasattr(args, name)}
+    return func(**{**options, **given})
+
+
 def add_switch(parser: argparse.ArgumentParser | Any, flag: str, default: bool | None, help: str) -> None:
     """A boolean `--x` / `--no-x` not bound to a config field (`default` None: "not said", for a caller to decide)."""
     shown = "" if default is None or "%(default)" in help else " (default: %(default)s)"
@@ -117,6 +125,44 @@ def add_max_examples(
         metavar="N",
         help=help or f"use a seeded random subset of N {which + ' ' if which else ''}examples",
     )
+
+
+Device = Literal["auto", "cpu", "cuda"]  # auto: CUDA when available, else the CPU
+
+
+@dataclasses.dataclass
+class _DeviceOption:
+    device: Device = "auto"
+
+
+def add_device(parser: argparse.ArgumentParser | Any, config: type = _DeviceOption, name: str = "device") -> None:
+    """`--device auto|cpu|cuda`, the same for every command that runs a model: its choices and default from the
+    config field `config.name` (a finetune command passes `TrainConfig`, so `--help` shows its train.device; without
+    one, this module's `Device`, default auto)."""
+    config_argument(parser, config, name, "--device", help="where the model runs (auto: CUDA when available)")
+
+
+def default_data_dir() -> str | None:
+    """`--data-dir` when not given: $GLUE_DIR when set, else None (the Hugging Face hub)."""
+    return os.environ.get("GLUE_DIR") or None
+
+
+def add_data_dir(parser: argparse.ArgumentParser | Any) -> None:
+    """`--data-dir`, the same for every command that reads GLUE/ELUE data."""
+    parser.add_argument(
+        "--data-dir",
+        default=default_data_dir(),
+        help="GLUE/ELUE data root or one task's folder; hf:NAME reads GLUE from the Hugging Face hub "
+        "(default: $GLUE_DIR when set, else the hub)",
+    )
+
+
+def add_threads(
+    parser: argparse.ArgumentParser | Any, default: int | None = None, help: str = "torch intra-op threads"
+) -> None:
+    """`--threads N`: how many threads a command computes with (`default` None: the library's own choice)."""
+    shown = "" if default is None or "%(default)" in help or "default" in help else " (default: %(default)s)"
+    parser.add_argument("--threads", type=int, default=default, metavar="N", help=help + shown)
 
 
 def config_argument(

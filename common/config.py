@@ -3,7 +3,12 @@ values — the dataclass defaults < a YAML file < command-line shortcuts < `--se
 at once, a "did you mean" for an unknown key or choice, and the source of every value (`ConfigLayers`).
 
 Fixed choices are `Literal` types: the allowed values are read from the type, never repeated in a comment or a
-second list."""
+second list.
+
+Renamed keys (`RENAMED_KEYS`, one table for both trainers) are read under their new name for one release: the old
+spelling in a YAML file, `--set` or an old flag prints one deprecation line and is moved to the new key; both
+spellings in one layer are an error naming both. A config stored by a run of the previous release (a resume
+checkpoint, run_config.json) is read through the same table without a word (`stored_tree`)."""
 
 from __future__ import annotations
 
@@ -13,12 +18,13 @@ import difflib
 import functools
 import math
 import operator
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -245,6 +251,146 @@ def read_yaml_mapping(path: Path) -> dict[str, Any]:
     return read_object(path, ConfigError, "a mapping of sections", yaml_text=True)
 
 
+# --------------------------------------------------------------------------------------------------- the root
+
+
+class ConfigRoot:
+    """What the root config of each trainer has: its tree's name (`RENAMED_KEYS`), `to_dict`, `value`."""
+
+    CONFIG_TREE: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    def value(self, key: str) -> Any:
+        """The value of a dotted key (`optim.lr`)."""
+        node: Any = self
+        for part in key.split("."):
+            node = getattr(node, part)
+        return node
+
+
+def config_root(tree: str, *sections: type) -> type:
+    """The dataclass base of a trainer's root config: one field per component dataclass, named after it
+    (`ModelConfig` -> `model`, in the order given), each defaulting to that component's defaults. Subclass it for
+    the root's own methods: `class RunConfig(config_root("pretrain", ModelConfig, DataConfig, ...))`."""
+    fields = [(cls.__name__.removesuffix("Config").lower(), cls, field(default_factory=cls)) for cls in sections]
+    return dataclasses.make_dataclass(
+        f"{tree.title()}Sections", fields, bases=(ConfigRoot,), namespace={"CONFIG_TREE": tree}
+    )
+
+
+# ------------------------------------------------------------------------------------------------ renamed keys
+
+# Per config tree (the root dataclass's `CONFIG_TREE`): old dotted key -> new dotted key. One word per concept across
+# the trainers (issue 39): `data.max_length`, `train.train_steps`, `optim.warmup_steps` / `optim.warmup_fraction`.
+# The old keys are accepted until the next release; remove an entry then (and its line in ADDED_KEYS).
+RENAMED_KEYS: dict[str, dict[str, str]] = {
+    "pretrain": {"data.max_seq_len": "data.max_length"},
+    "finetune": {"train.max_steps": "train.train_steps", "optim.warmup": "optim.warmup_fraction"},
+}
+# Keys new in this release, with the value that a run stored before had in effect (read into a stored config that
+# lacks them, so that a resume compares like with like).
+ADDED_KEYS: dict[str, dict[str, Any]] = {"finetune": {"optim.warmup_steps": 0}}
+
+_warned: set[tuple[str, str]] = set()  # (tree, old key): one deprecation line per process
+
+
+def config_tree(root: type) -> str:
+    """The name of a root config class's tree (`pretrain`, `finetune`); "" for one without renamed keys."""
+    return str(getattr(root, "CONFIG_TREE", ""))
+
+
+def deprecation_line(tree: str, old: str, new: str, spell: Callable[[str], str] = str) -> str:
+    """The one line that says an old key was read under its new name."""
+    return f"{tree}: {spell(old)} is deprecated: use {spell(new)} (accepted until the next release)"
+
+
+def _pop_dotted(tree: dict[str, Any], dotted: str) -> tuple[bool, Any]:
+    """Remove `dotted` from a nested tree: (was it there, its value)."""
+    *sections, last = dotted.split(".")
+    node: Any = tree
+    for part in sections:
+        node = node.get(part) if isinstance(node, dict) else None
+    if not isinstance(node, dict) or last not in node:
+        return False, None
+    return True, node.pop(last)
+
+
+def _has_dotted(tree: Mapping[str, Any], dotted: str) -> bool:
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def rename_keys(
+    tree: Mapping[str, Any],
+    root: type,
+    source: str = "",
+    warn: bool = True,
+    spell: Callable[[str], str] = str,
+) -> dict[str, Any]:
+    """A copy of `tree` (one layer, shaped like `root`) with every old key of `RENAMED_KEYS` moved to its new one;
+    `warn`: one deprecation line per old key and process on stderr. Both spellings in the tree: ConfigError."""
+    name = config_tree(root)
+    out = copy.deepcopy(dict(tree))
+    for old, new in RENAMED_KEYS.get(name, {}).items():
+        if not _has_dotted(out, old):
+            continue
+        if _has_dotted(out, new):
+            where = f" in {source}" if source else ""
+            raise ConfigError(
+                f"{spell(old)} and {spell(new)} are both given{where}: {old} is the deprecated name of {new}; keep "
+                f"{spell(new)} only"
+            )
+        _, value = _pop_dotted(out, old)
+        set_dotted(out, new.split("."), value)
+        if warn and (name, old) not in _warned:
+            _warned.add((name, old))
+            print(deprecation_line(name, old, new, spell), file=sys.stderr, flush=True)
+    return out
+
+
+def stored_tree(tree: Mapping[str, Any], root: type) -> dict[str, Any]:
+    """A config dict stored by an earlier release (a resume checkpoint, a run's saved config) under today's keys:
+    renamed keys moved silently, keys added since given the value those runs had (`ADDED_KEYS`)."""
+    out = rename_keys(tree, root, warn=False)
+    for key, value in ADDED_KEYS.get(config_tree(root), {}).items():
+        section = key.rsplit(".", 1)[0]
+        if _has_dotted(out, section) and not _has_dotted(out, key):
+            set_dotted(out, key.split("."), copy.deepcopy(value))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------- warm-up
+
+
+def warmup_problems(steps: int, fraction: float | None, key: Callable[[str], str] = str) -> list[str]:
+    """The warm-up of both trainers: `optim.warmup_steps` steps, or `optim.warmup_fraction` of the schedule's
+    steps; exclusive (`key(name)` spells a key the way the user wrote it)."""
+    p = []
+    if steps < 0:
+        p.append(f"{key('optim.warmup_steps')}={steps} must be >= 0")
+    if fraction is not None:
+        if not 0.0 <= fraction <= 1.0:
+            p.append(f"{key('optim.warmup_fraction')}={fraction} must be in [0, 1]")
+        if steps:
+            p.append(
+                f"{key('optim.warmup_steps')} and {key('optim.warmup_fraction')} are exclusive: set one (the other "
+                "to 0 / null)"
+            )
+    return p
+
+
+def warmup_for(steps: int, fraction: float | None, total: int) -> int:
+    """Warm-up steps of a schedule of `total` steps: `fraction` of it when set, else `steps` (at most `total`)."""
+    warm = round(fraction * total) if fraction is not None else steps
+    return min(warm, total)
+
+
 class ConfigLayers:
     """The values of one typed config from several sources, later ones winning — the dataclass defaults < files <
     command-line shortcuts < `--set` — and, per dotted key, the source that set it (saved with the run).
@@ -256,29 +402,63 @@ class ConfigLayers:
         cfg, found = layers.build()
     """
 
-    def __init__(self, root: type) -> None:
+    def __init__(self, root: type, spell: Callable[[str], str] = str) -> None:
         self.root = root
+        self.spell = spell  # how `add_each` (the flags) names a deprecated or conflicting key: with its flag
         self.tree: dict[str, Any] = {}
         self.sources: dict[str, str] = {}
 
-    def add(self, tree: Mapping[str, Any], source: str, prefix: str = "") -> None:
-        """Merge `tree` (nested mappings merge key by key; a list or scalar replaces what was there)."""
+    def add(self, tree: Mapping[str, Any], source: str) -> None:
+        """Merge `tree` (nested mappings merge key by key; a list or scalar replaces what was there); an old key
+        (`RENAMED_KEYS`) is read under its new name, with one deprecation line."""
+        self._merge(rename_keys(tree, self.root, source), source)
+
+    def add_each(self, values: Mapping[str, Any], source: Callable[[str], str]) -> None:
+        """One layer of dotted keys, each with its own source (command-line shortcuts: `source(key)` is the flag
+        written, an old one for an old key)."""
+        for key, value, written in self._renamed(list(values.items()), "the command line", self.spell):
+            self._merge_value(key, value, source(written))
+
+    def _merge(self, tree: Mapping[str, Any], source: str, prefix: str = "") -> None:
         for key, value in tree.items():
             dotted = f"{prefix}.{key}" if prefix else str(key)
             node = self._node(prefix)
             if isinstance(value, Mapping) and isinstance(node.get(key, {}), dict) and value:
                 node.setdefault(key, {})
-                self.add(value, source, dotted)
+                self._merge(value, source, dotted)
             else:
                 node[key] = copy.deepcopy(value)
                 self._record(dotted, source)
 
+    def _merge_value(self, dotted: str, value: Any, source: str) -> None:
+        set_dotted(self.tree, dotted.split("."), copy.deepcopy(value))
+        self._record(dotted, source)
+
     def add_overrides(self, items: list[str], source: str = "--set") -> None:
-        """`key=value` items (values parsed as YAML), e.g. optim.lr=1e-4 or data.corpora.0.weight=2."""
-        for item in items:
-            key, value = parse_override(item)
-            set_dotted(self.tree, key.split("."), value)
-            self._record(key, source)
+        """`key=value` items (values parsed as YAML), e.g. optim.lr=1e-4 or data.corpora.0.weight=2; all of them one
+        layer, so an old key and its new name both given are refused."""
+        for key, value, _ in self._renamed([parse_override(item) for item in items], source):
+            self._merge_value(key, value, source)
+
+    def _renamed(
+        self, pairs: list[tuple[str, Any]], source: str, spell: Callable[[str], str] = str
+    ) -> list[tuple[str, Any, str]]:
+        """(new key, value, key as written) for one layer of dotted keys: old keys renamed (a deprecation line each,
+        both spellings refused); a section given whole (`--set data={max_seq_len: 64}`) has its keys renamed."""
+        renamed = RENAMED_KEYS.get(config_tree(self.root), {})
+        probe: dict[str, Any] = {}
+        for key, _ in pairs:
+            if key in renamed or key in renamed.values():
+                set_dotted(probe, key.split("."), None)
+        rename_keys(probe, self.root, source, spell=spell)  # the deprecation lines; a conflict refused
+        out = []
+        for key, value in pairs:
+            if isinstance(value, Mapping) and any(old.startswith(key + ".") for old in renamed):
+                value = rename_keys(_nest_at(key, value), self.root, source, spell=spell)
+                for part in key.split("."):
+                    value = value[part]
+            out.append((renamed.get(key, key), value, key))
+        return out
 
     def value(self, dotted: str, default: Any = None) -> Any:
         """The value written for `dotted` so far (before typing), else `default`."""
@@ -288,6 +468,11 @@ class ConfigLayers:
                 return default
             node = node[part]
         return node
+
+    def written(self, dotted: str) -> bool:
+        """Whether some layer set `dotted` (itself, or a section above it given whole)."""
+        parts = dotted.split(".")
+        return any(".".join(parts[:n]) in self.sources for n in range(len(parts), 0, -1))
 
     def build(self) -> tuple[Any, Findings]:
         """The typed config and everything found wrong with the values (types and choices; meaning is the
@@ -314,6 +499,12 @@ class ConfigLayers:
         for key in [k for k in self.sources if k.startswith(dotted + ".")]:
             del self.sources[key]  # a whole subtree replaced
         self.sources[dotted] = source
+
+
+def _nest_at(dotted: str, value: Any) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    set_dotted(tree, dotted.split("."), value)
+    return tree
 
 
 def leaf_keys(obj: Any, prefix: str = "") -> list[str]:

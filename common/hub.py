@@ -16,6 +16,9 @@ from pathlib import Path
 from .errors import UserError
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+# A tokenizer's own files (glob patterns), whatever its kind: WordPiece (vocab.txt), a tokenizers tokenizer.json,
+# byte-level BPE (vocab.json + merges.txt), sentencepiece (*.model), and the files that configure them. The one list:
+# what `tokenizer_files_in` finds (finetune: "no tokenizer files"; exports copy them beside the weights).
 TOKENIZER_FILES = [
     "vocab.txt",
     "tokenizer.json",
@@ -25,8 +28,10 @@ TOKENIZER_FILES = [
     "merges.txt",
     "vocab.json",
     "added_tokens.json",
-    "config.json",
 ]
+# What resolving a tokenizer by hub name fetches: its files and the model's config.json (AutoTokenizer reads the
+# model_type there when tokenizer_config.json does not name the class; the tokenizer identity a model records).
+TOKENIZER_DOWNLOAD = [*TOKENIZER_FILES, "config.json"]
 SKIP_FILES = [
     "*.h5",
     "*.msgpack",
@@ -59,6 +64,12 @@ def offline() -> bool:
     return any(os.environ.get(name, "").upper() in TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
+def tokenizer_files_in(directory: str | os.PathLike) -> list[Path]:
+    """The tokenizer files (`TOKENIZER_FILES`) `directory` holds, sorted by name ([] when none, or no directory)."""
+    directory = Path(directory)
+    return sorted({p for pattern in TOKENIZER_FILES for p in directory.glob(pattern) if p.is_file()})
+
+
 def is_hub_id(name: str) -> bool:
     """Looks like `name` or `org/name` (and is not a path someone meant as a local directory)."""
     return bool(HUB_ID.match(name)) and not name.startswith((".", "~")) and not name.endswith("/")
@@ -72,7 +83,7 @@ def resolve_pretrained(
 ) -> Path:
     """The local directory holding `name_or_path`: itself when it exists, else its snapshot in the hub cache
     (downloaded first when online). `what` names the option in error messages (e.g. "--model"); `files` limits a
-    download to those patterns (e.g. `TOKENIZER_FILES`: a tokenizer without the model's weights)."""
+    download to those patterns (e.g. `TOKENIZER_DOWNLOAD`: a tokenizer without the model's weights)."""
     text = str(name_or_path)
     local = Path(os.path.expanduser(text))
     if local.exists():
@@ -87,7 +98,12 @@ def resolve_pretrained(
     cache = hub_cache_dir()
     try:
         path = snapshot_download(
-            text, revision=revision, cache_dir=str(cache), local_files_only=offline(), ignore_patterns=SKIP_FILES
+            text,
+            revision=revision,
+            cache_dir=str(cache),
+            local_files_only=offline(),
+            allow_patterns=files,
+            ignore_patterns=SKIP_FILES,
         )
     except LocalEntryNotFoundError:
         hint = (

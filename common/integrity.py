@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import zipfile
 from collections.abc import Iterable, Mapping
@@ -29,13 +28,18 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError
-from .io import atomic_write_json, read_object
+from .io import atomic_write_json, peek_object, read_object
 
 CHECKSUMS = "checksums.json"
 SEALED_FIELD = "checksums"  # the config.json field of a sealed model directory (its value: CHECKSUMS)
 FORMAT = 1
 ALGORITHM = "sha256"
 HASH_BLOCK = 8 << 20
+
+
+def sha256_bytes(data: bytes) -> str:
+    """The sha256 of bytes already in memory (a canonical JSON text, a manifest read once): `sha256_file`'s twin."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -172,11 +176,8 @@ def seal(directory: Path) -> None:
 
 def says_sealed(directory: Path) -> bool:
     """Whether the directory's config.json says it was sealed (`seal`); False when it has no readable one."""
-    try:
-        fields = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(fields, dict) and SEALED_FIELD in fields
+    fields = peek_object(Path(directory) / "config.json")
+    return fields is not None and SEALED_FIELD in fields
 
 
 def discard_seal(directory: Path) -> None:

@@ -236,12 +236,15 @@ def read_object(
     what: str = "a JSON object",
     hint: str = "",
     yaml_text: bool | None = None,
+    missing_ok: bool = False,
 ) -> dict[str, Any]:
     """The mapping a JSON file (or a YAML one: `.yaml`/`.yml`, any suffix with `yaml_text`) holds, read back with
     every failure as one `error` naming the file (and, for JSON, the line and column): missing, unreadable, not UTF-8,
     not valid JSON/YAML, not `what` (an object; an empty YAML file is an empty one). `hint` says what to do and ends
-    every message."""
+    every message. `missing_ok`: no file at `path` reads as {} (an optional file of a model directory)."""
     path = Path(path)
+    if missing_ok and not path.is_file():
+        return {}
     tail = f"; {hint}" if hint else ""
     try:
         text = path.read_text(encoding="utf-8")
@@ -265,17 +268,36 @@ def read_object(
     return parse_object(text, str(path), error, what, hint)
 
 
+class _Unreadable(Exception):
+    pass
+
+
+def peek_object(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The JSON object at `path`, or None when there is none to be had (absent, unreadable, not JSON, not an object):
+    for a best-effort look (a resumable unit's record, which is redone when it cannot be read back)."""
+    try:
+        return read_object(path, _Unreadable)
+    except _Unreadable:
+        return None
+
+
 def parse_object(
-    text: str,
+    text: str | bytes,
     where: str,
     error: type[Exception] = UserError,
     what: str = "a JSON object",
     hint: str = "",
     record: bool = False,
 ) -> dict[str, Any]:
-    """The JSON object `text` holds (a file's content, or with `record` one line of a JSONL file), every failure one
-    `error` at `where` — `FILE:LINE:COLUMN` for a file, `where` (which names the line) and the column for a record."""
+    """The JSON object `text` holds (a file's content - bytes are UTF-8 -, or with `record` one line of a JSONL
+    file), every failure one `error` at `where` — `FILE:LINE:COLUMN` for a file, `where` (which names the line) and
+    the column for a record."""
     tail = f"; {hint}" if hint else ""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise error(f"{where}: not UTF-8 text ({err.reason} at byte {err.start}){tail}") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:

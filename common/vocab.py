@@ -9,7 +9,6 @@ spends its compute on [UNK]s.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError
+from .integrity import sha256_bytes, sha256_file
+from .io import read_object
 
 # The [UNK] share of all tokens above which `tokenize` and `finalize` refuse a corpus (`--max-unk-fraction`),
 # `pretrain` too (it reads `totals.unk_tokens` / `totals.tokens` of manifest.json), and `finetune train` / `predict`.
@@ -167,35 +168,29 @@ def identity_of(directory: str | os.PathLike) -> TokenizerIdentity | None:
 
 
 def _json_file(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise TokenizerIdentityError(f"{path}: cannot read it ({err.strerror or err})") from None
-    except UnicodeDecodeError as err:
-        raise TokenizerIdentityError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-    except ValueError as err:
-        raise TokenizerIdentityError(f"{path}: not valid JSON ({err})") from None
-    if not isinstance(data, dict):
-        raise TokenizerIdentityError(f"{path}: expected a JSON object, found {type(data).__name__}")
-    return data
+    return read_object(path, TokenizerIdentityError, missing_ok=True)
 
 
 def _vocab_lines(path: Path) -> list[str]:
+    return [line.rstrip("\r") for line in read_vocab_lines(path)]
+
+
+def read_vocab_lines(path: Path, error: type[Exception] = TokenizerIdentityError) -> list[str]:
+    """The lines of a vocab.txt as written (a final newline ends the last line, not one more); an unreadable file is
+    one `error` naming it."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
-        raise TokenizerIdentityError(f"{path}: cannot read the vocabulary ({err})") from None
+        raise error(f"{path}: cannot read the vocabulary ({err})") from None
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
-    return [line.rstrip("\r") for line in lines]
+    return lines
 
 
 def _canonical_hash(description: dict[str, Any]) -> str:
     text = json.dumps(description, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return sha256_bytes(text.encode("utf-8"))
 
 
 def _identity(
@@ -210,7 +205,7 @@ def _identity(
     description = {
         "format": IDENTITY_FORMAT,
         "kind": kind,
-        "vocab": hashlib.sha256(json.dumps(tokens, ensure_ascii=False).encode("utf-8")).hexdigest(),
+        "vocab": sha256_bytes(json.dumps(tokens, ensure_ascii=False).encode("utf-8")),
         "normalizer": normalizer,
         "rules": rules,
         "specials": specials,
@@ -323,7 +318,7 @@ def _from_tokenizer_json(directory: Path, config: dict[str, Any]) -> TokenizerId
 
 
 def _digest(value: object) -> str:
-    return hashlib.sha256(json.dumps(value, ensure_ascii=False, sort_keys=True).encode("utf-8")).hexdigest()
+    return sha256_bytes(json.dumps(value, ensure_ascii=False, sort_keys=True).encode("utf-8"))
 
 
 def _merge(entry: object) -> str:
@@ -394,7 +389,7 @@ def _sentencepiece(path: Path) -> TokenizerIdentity:
     except (RuntimeError, OSError) as err:
         raise TokenizerIdentityError(f"{path}: not a sentencepiece model ({err})") from None
     pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
-    rules = {"model_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    rules = {"model_sha256": sha256_file(path)}
     normalizer = {"lowercase": None, "strip_accents": None}
     return _identity("sentencepiece", pieces, normalizer, rules, {})
 

@@ -26,7 +26,16 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from common.cli import add_command, add_debug, add_output, add_switch, config_argument, dispatch
+from common.cli import (
+    add_command,
+    add_debug,
+    add_output,
+    add_switch,
+    add_threads,
+    call_with_options,
+    config_argument,
+    dispatch,
+)
 from common.errors import UserError
 from common.vocab import describe_unk
 
@@ -48,6 +57,11 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 4096, 64K, 16M, 1G)")
     mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
     return int(float(m.group(1)) * mult)
+
+
+def size_argument(parser: argparse.ArgumentParser | Any, cls: type, name: str, *flags: str, help: str) -> None:
+    """A config field in bytes or tokens, given as a size (`parse_size`: 64K, 16M, 1G)."""
+    config_argument(parser, cls, name, *flags, type=parse_size, metavar="SIZE", help=help)
 
 
 def default_workers() -> int:
@@ -87,14 +101,7 @@ def _input_options(p: argparse.ArgumentParser) -> None:
     )
     config_argument(g, PrepConfig, "text_field", help="JSONL field / dataset column holding the text")
     config_argument(g, PrepConfig, "hf_split", help="split of a Hugging Face DatasetDict / hub dataset")
-    config_argument(
-        g,
-        PrepConfig,
-        "max_doc_bytes",
-        type=parse_size,
-        metavar="SIZE",
-        help="cut documents longer than this many bytes (bounded memory)",
-    )
+    size_argument(g, PrepConfig, "max_doc_bytes", help="cut documents longer than this many bytes (bounded memory)")
     config_argument(g, RunOptions, "allow_empty", help="skip empty input files instead of failing")
 
 
@@ -127,7 +134,7 @@ def _add_train_tokenizer(sub: Any) -> None:
         metavar="SIZE",
         help="train on at most this much text, in input order (default 1G)",
     )
-    p.add_argument("--threads", type=int, default=default_workers(), help="training threads (default: CPUs)")
+    add_threads(p, default=default_workers(), help="training threads (default: CPUs)")
     _input_options(p)
 
 
@@ -163,15 +170,9 @@ def _add_tokenize(sub: Any) -> None:
     config_argument(p, RunOptions, "threads_per_worker", help="tokenizer threads per worker")
     p.add_argument("--num-tasks", type=int, default=None, help="Slurm array size J (default SLURM_ARRAY_TASK_COUNT)")
     p.add_argument("--task-index", type=int, default=None, help="this task j (default from SLURM_ARRAY_TASK_ID)")
-    config_argument(p, PrepConfig, "shard_tokens", type=parse_size, metavar="SIZE", help="shard size target in tokens")
-    config_argument(
-        p,
-        PrepConfig,
-        "unit_bytes",
-        "--unit-size",
-        type=parse_size,
-        metavar="SIZE",
-        help="work-unit size in bytes of text; 0 = shard-tokens x 4",
+    size_argument(p, PrepConfig, "shard_tokens", help="shard size target in tokens")
+    size_argument(
+        p, PrepConfig, "unit_bytes", "--unit-size", help="work-unit size in bytes of text; 0 = shard-tokens x 4"
     )
     config_argument(p, PrepConfig, "valid_fraction", help="held-out fraction of documents")
     config_argument(p, PrepConfig, "split_seed", help="seed of the document -> split hash")
@@ -213,15 +214,7 @@ def _add_dedup(sub: Any) -> None:
     config_argument(g, DedupConfig, "rows", help="signature values per band")
     config_argument(g, DedupConfig, "seed", help="seed of the MinHash hash family")
     config_argument(g, DedupConfig, "min_words", help="documents with fewer words are kept, never compared")
-    config_argument(
-        g,
-        DedupConfig,
-        "unit_bytes",
-        "--unit-size",
-        type=parse_size,
-        metavar="SIZE",
-        help="work-unit size in bytes of text",
-    )
+    size_argument(g, DedupConfig, "unit_bytes", "--unit-size", help="work-unit size in bytes of text")
     config_argument(g, DedupConfig, "compress", help="output JSONL compression")
     g = p.add_argument_group("decontamination")
     g.add_argument(
@@ -250,14 +243,7 @@ def _add_dedup(sub: Any) -> None:
     p.add_argument("--num-tasks", type=int, default=None, help="Slurm array size J (default SLURM_ARRAY_TASK_COUNT)")
     p.add_argument("--task-index", type=int, default=None, help="this task j (default from SLURM_ARRAY_TASK_ID)")
     config_argument(g, DedupRun, "stage", help="all (one task), or one stage: signatures and write run as arrays")
-    config_argument(
-        g,
-        DedupRun,
-        "lsh_memory",
-        type=parse_size,
-        metavar="SIZE",
-        help="memory of --stage clusters, its workers together",
-    )
+    size_argument(g, DedupRun, "lsh_memory", help="memory of --stage clusters, its workers together")
     config_argument(g, DedupRun, "rehash", help="re-hash finished work items before using them")
     _input_options(p)
 
@@ -315,13 +301,8 @@ def _cmd_train_tokenizer(args: argparse.Namespace) -> int:
             if args.max_bytes < 1:
                 raise DataPrepError(f"--max-bytes must be > 0 (got {args.max_bytes})")
             texts = iter_corpus_texts(args.inputs, max_bytes=args.max_bytes, **_given_fields(PrepConfig, args))
-            meta = train_tokenizer(
-                texts,
-                final,
-                kind=args.kind,
-                vocab_size=args.vocab_size,
-                lowercase=args.cased is not True,
-                threads=args.threads,
+            meta = call_with_options(
+                train_tokenizer, args, texts=texts, out_dir=final, lowercase=args.cased is not True
             )
     print(f"{final}: {meta['kind']} tokenizer, vocab {meta['vocab_size']}, sha256 {meta['sha256']}")
     return 0

@@ -31,12 +31,12 @@ from typing import Any
 import numpy as np
 
 from common.integrity import sha256_file
-from common.io import atomic_path, atomic_write_json
+from common.io import atomic_path, atomic_write_json, peek_object
 
 from .dedup_plan import DedupRun
 from .dedup_stages import DedupContext, finished_sig_units, remove_temporaries, run_items, sig_arrays
 from .errors import DataPrepError
-from .util import CANONICAL, read_json
+from .util import CANONICAL
 
 log = logging.getLogger("data_prep")
 
@@ -147,7 +147,7 @@ def band_item(ctx: DedupContext, layout: Layout, band: int, part: int, bits: int
 
 def _item_done(path: Path, bits: int, rehash: bool) -> dict[str, Any] | None:
     try:
-        rec = read_json(path.with_suffix(".json"))
+        rec = peek_object(path.with_suffix(".json")) or {}
         if rec.get("bits") != bits or (rehash and sha256_file(path) != rec["sha256"]):
             return None
         return rec
@@ -250,7 +250,7 @@ def _edge_path(ctx: DedupContext, band: int, part: int) -> Path:
 
 def _finished_clusters(ctx: DedupContext) -> dict[str, Any] | None:
     try:
-        summary = read_json(lsh_dir(ctx.out) / "clusters.json")
+        summary = peek_object(lsh_dir(ctx.out) / "clusters.json") or {}
         if (
             summary.get("plan_hash") == ctx.phash
             and sha256_file(lsh_dir(ctx.out) / "roots.npy") == summary["roots_sha256"]

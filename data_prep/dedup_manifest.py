@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from common.integrity import CHECKSUMS, read_checksums, sha256_file
+from common.io import read_object
 
 from .errors import DataPrepError
-from .util import read_json_record
 
 REPORT = "dedup_report.json"
 TEXT_DIR = "text"
@@ -46,7 +46,7 @@ def _verified_entry(root: Path) -> dict[str, Any]:
     problems += [f"{p}: not part of the dedup output (added after it was sealed)" for p in extra]
     if problems:
         raise DataPrepError(f"{problems[0]}; the dedup output was changed after it was written: rerun dedup")
-    report = read_json_record(root / REPORT, "rerun dedup")
+    report = read_object(root / REPORT, DataPrepError, hint="rerun dedup")
     return {
         "dir": str(root),
         "report_sha256": recorded[REPORT]["sha256"],

@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from common.config import literal_problems
-from common.integrity import read_checksums
-from common.io import atomic_write_json
+from common.integrity import read_checksums, sha256_bytes
+from common.io import atomic_write_json, read_object
 
 from . import sources as S
 from .dedup_manifest import REPORT
 from .errors import DataPrepError
 from .plan import build_plan, make_config, plan_difference, plan_hash
-from .util import CANONICAL, canonical_json, read_json_record, sha256_bytes
+from .util import CANONICAL, canonical_json
 
 log = logging.getLogger("data_prep")
 
@@ -206,7 +206,7 @@ def record_plan(out: Path, plan: dict[str, Any]) -> str:
     work = out / ".work"
     path = work / "plan.json"
     if path.is_file():
-        old = read_json_record(path, f"delete {work} to start over")
+        old = read_object(path, DataPrepError, hint=f"delete {work} to start over")
         old_plan = old.get("plan", {})
         if any(old_plan.get(k) != plan[k] for k in SETTINGS_KEYS):
             raise DataPrepError(
@@ -230,7 +230,9 @@ def finished_report(out: Path, phash: str) -> dict[str, Any] | None:
     """The report of a finished output made from this very plan; None when unfinished; another plan's is refused."""
     if read_checksums(out) is None or not (out / REPORT).is_file():
         return None
-    report = read_json_record(out / REPORT, "this directory holds a damaged dedup output: use a new --output")
+    report = read_object(
+        out / REPORT, DataPrepError, hint="this directory holds a damaged dedup output: use a new --output"
+    )
     if report.get("plan_hash") == phash:
         log.info("%s: already complete (report matches inputs and settings)", out)
         return report

@@ -12,17 +12,17 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from common.integrity import hash_files, write_checksums
-from common.io import atomic_write_text
+from common.integrity import hash_files, sha256_bytes, write_checksums
+from common.io import atomic_write_text, peek_object, read_object
 
 from .dedup_lsh import load_roots
 from .dedup_manifest import REPORT, TEXT_DIR
 from .dedup_plan import REPORT_MD, DedupRun, remove_work
-from .dedup_stages import DedupContext
+from .dedup_stages import DedupContext, every_unit
 from .dedup_text import candidate_probability
 from .dedup_write import load_write_record, write_dir, write_keys
 from .errors import DataPrepError
-from .util import canonical_json, read_json, sha256_bytes
+from .util import canonical_json
 
 EXAMPLES = 10
 COUNTS = (
@@ -45,23 +45,16 @@ COUNTS = (
 
 def _records(ctx: DedupContext, run: DedupRun) -> list[dict[str, Any]]:
     """Every unit's write record (files re-hashed); missing units are an error naming the stage to run."""
-    try:
-        sets = read_json(write_dir(ctx.out) / "eval_sets.json")
-    except (OSError, ValueError):
-        raise DataPrepError(f"{ctx.out}: nothing written yet: run --stage write first") from None
+    sets = peek_object(write_dir(ctx.out) / "eval_sets.json")
+    if sets is None:
+        raise DataPrepError(f"{ctx.out}: nothing written yet: run --stage write first")
     _, clusters = load_roots(ctx)
     if sets.get("roots") != clusters["roots_sha256"]:
         raise DataPrepError(f"{ctx.out}: the written units are of other clusters: rerun --stage write")
     keys = write_keys(ctx, clusters["roots_sha256"], [{k: s[k] for k in ("name", "sha256", "n")} for s in sets["sets"]])
     recs = [load_write_record(ctx.out, k, rehash=True) for k in keys]
-    missing = [u for u, r in enumerate(recs) if r is None]
-    if missing:
-        shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
-        raise DataPrepError(
-            f"{ctx.out}: {len(missing)} of {len(recs)} units are not written yet (units {shown}): run "
-            "--stage write for them first (in an array, the tasks u mod J)"
-        )
-    return [r for r in recs if r is not None]
+    todo = "run --stage write for them first (in an array, the tasks u mod J)"
+    return every_unit(ctx, recs, "are not written yet", todo)
 
 
 def _add(records: list[dict[str, Any]], corpora: list[str]) -> dict[str, Any]:
@@ -108,7 +101,7 @@ def build_report(ctx: DedupContext, records: list[dict[str, Any]], clusters: dic
     """The report (see the module docstring); JSON-ready."""
     plan, d = ctx.plan, ctx.plan["dedup"]
     sums = _add(records, plan["corpora"])
-    eval_sets = read_json(write_dir(ctx.out) / "eval_sets.json")["sets"]
+    eval_sets = read_object(write_dir(ctx.out) / "eval_sets.json", DataPrepError, hint="rerun --stage write")["sets"]
     sims = [0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95]
     detector = {
         "shingle_words": d["shingle"],

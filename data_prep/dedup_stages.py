@@ -25,14 +25,14 @@ from typing import Any
 import numpy as np
 
 from common.integrity import sha256_file
-from common.io import atomic_path, atomic_write_json
+from common.io import atomic_path, atomic_write_json, peek_object
 
 from . import dedup_text as T
 from . import sources as S
 from .dedup_evalsets import EvalTable
 from .dedup_plan import DedupRun
 from .errors import DataPrepError, with_path
-from .util import CANONICAL, read_json
+from .util import CANONICAL
 from .workers import _die_with_parent, _kill_workers, release_freed_memory
 
 log = logging.getLogger("data_prep")
@@ -165,11 +165,8 @@ def _save(path: Path, arr: np.ndarray) -> None:
 def load_sig_unit(out: Path, key: str, rehash: bool) -> dict[str, Any] | None:
     """A finished unit's record when complete and intact (sha256 re-checked when `rehash`), else None."""
     d = sig_dir(out, key)
-    try:
-        info = read_json(d / "unit.json")
-    except (OSError, ValueError):
-        return None
-    if not isinstance(info, dict) or info.get("unit_key") != key:
+    info = peek_object(d / "unit.json")
+    if info is None or info.get("unit_key") != key:
         return None
     for name, rec in info.get("files", {}).items():
         path = d / name
@@ -253,7 +250,7 @@ def remove_temporaries(folder: Path, names: Iterable[str] | None = None) -> None
 
 def stage_signatures(ctx: DedupContext, run: DedupRun) -> dict[str, Any]:
     """Stage 1 for this task's share of the units (unit u is task u mod J's)."""
-    mine = list(range(run.task_index, len(ctx.plan["units"]), run.num_tasks))
+    mine = task_units(ctx, run)
     folder = ctx.out / ".work" / "sig"
     folder.mkdir(parents=True, exist_ok=True)
     names = [sig_dir(ctx.out, ctx.sig_keys[u]).name for u in mine]
@@ -268,8 +265,18 @@ def stage_signatures(ctx: DedupContext, run: DedupRun) -> dict[str, Any]:
         len(todo),
     )
     run_items(todo, lambda u: sign_unit(ctx, u), run.workers, "signatures", lambda: remove_temporaries(folder, names))
+    return stage_result("signatures", run, mine, todo)
+
+
+def task_units(ctx: DedupContext, run: DedupRun) -> list[int]:
+    """The units of an array stage this task does: unit u is task u mod J's."""
+    return list(range(run.task_index, len(ctx.plan["units"]), run.num_tasks))
+
+
+def stage_result(stage: str, run: DedupRun, mine: list[int], todo: list[int]) -> dict[str, Any]:
+    """What an array stage returns (the command prints it): this task's units, and those it did now."""
     return {
-        "stage": "signatures",
+        "stage": stage,
         "task": run.task_index,
         "num_tasks": run.num_tasks,
         "units": len(mine),
@@ -277,14 +284,20 @@ def stage_signatures(ctx: DedupContext, run: DedupRun) -> dict[str, Any]:
     }
 
 
+def every_unit(
+    ctx: DedupContext, records: list[dict[str, Any] | None], missing: str, todo: str
+) -> list[dict[str, Any]]:
+    """`records` (one per unit), when none is None; else a DataPrepError: how many units are `missing` (the first
+    20 named) and what to run (`todo`)."""
+    absent = [u for u, record in enumerate(records) if record is None]
+    if absent:
+        shown = ", ".join(map(str, absent[:20])) + (" ..." if len(absent) > 20 else "")
+        raise DataPrepError(f"{ctx.out}: {len(absent)} of {len(records)} units {missing} (units {shown}): {todo}")
+    return [record for record in records if record is not None]
+
+
 def finished_sig_units(ctx: DedupContext, rehash: bool) -> list[dict[str, Any]]:
     """Every unit's stage-1 record; a missing one is an error naming the array tasks to rerun."""
     infos = [load_sig_unit(ctx.out, k, rehash) for k in ctx.sig_keys]
-    missing = [u for u, info in enumerate(infos) if info is None]
-    if missing:
-        shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
-        raise DataPrepError(
-            f"{ctx.out}: {len(missing)} of {len(infos)} units have no signatures yet (units {shown}): run --stage "
-            "signatures for them first (the same command; in an array, the tasks u mod J)"
-        )
-    return [i for i in infos if i is not None]
+    todo = "run --stage signatures for them first (the same command; in an array, the tasks u mod J)"
+    return every_unit(ctx, infos, "have no signatures yet", todo)

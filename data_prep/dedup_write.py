@@ -21,8 +21,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from common.integrity import sha256_file
-from common.io import atomic_path, atomic_write_json, temporary_sibling
+from common.integrity import sha256_bytes, sha256_file
+from common.io import atomic_path, atomic_write_json, peek_object, temporary_sibling
 
 from . import dedup_text as T
 from . import sources as S
@@ -37,10 +37,12 @@ from .dedup_stages import (
     remove_temporaries,
     run_items,
     sig_arrays,
+    stage_result,
+    task_units,
     unit_documents,
 )
 from .errors import DataPrepError
-from .util import CANONICAL, canonical_json, read_json, sha256_bytes
+from .util import CANONICAL, canonical_json
 
 log = logging.getLogger("data_prep")
 
@@ -282,7 +284,7 @@ def write_unit(state: WriteState, u: int) -> dict[str, Any]:
 def load_write_record(out: Path, key: str, rehash: bool) -> dict[str, Any] | None:
     """A unit's write record when its files are all in place (sha256 re-checked when `rehash`), else None."""
     try:
-        rec = read_json(write_dir(out) / f"{key[:32]}.json")
+        rec = peek_object(write_dir(out) / f"{key[:32]}.json") or {}
         if rec.get("write_key") != key:
             return None
         for name, f in rec["files"].items():
@@ -357,15 +359,9 @@ def _remove_unit_temporaries(state: WriteState, units: list[int]) -> None:
 def stage_write(ctx: DedupContext, run: DedupRun) -> dict[str, Any]:
     """Stage 3 for this task's share of the units (unit u is task u mod J's)."""
     state = prepare_write(ctx)
-    mine = list(range(run.task_index, len(ctx.plan["units"]), run.num_tasks))
+    mine = task_units(ctx, run)
     _remove_unit_temporaries(state, mine)
     todo = [u for u in mine if load_write_record(ctx.out, state.write_keys[u], run.rehash) is None]
     log.info("write: task %d/%d has %d units (%d to do)", run.task_index, run.num_tasks, len(mine), len(todo))
     run_items(todo, lambda u: write_unit(state, u), run.workers, "write", lambda: _remove_unit_temporaries(state, mine))
-    return {
-        "stage": "write",
-        "task": run.task_index,
-        "num_tasks": run.num_tasks,
-        "units": len(mine),
-        "units_done_now": todo,
-    }
+    return stage_result("write", run, mine, todo)

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from common.io import atomic_path, atomic_write_json, fsync_dir
+from common.io import atomic_path, atomic_write_json, fsync_dir, read_object
 from common.vocab import DEFAULT_MAX_UNK_FRACTION
 
 from . import sources as S
@@ -71,7 +71,7 @@ from .plan import (
 from .shard_format import FORMAT, concat_shards, read_idx_header
 from .stats import UnkGuard, unk_fraction_problem
 from .tokenizer import check_tokenizer_dir, load_meta, recorded_identity, resolve_tokenizer, tokenizer_file
-from .util import CANONICAL, read_json_record
+from .util import CANONICAL
 from .workers import Progress, UnitContext, run_units, unit_size
 
 __all__ = ["PrepConfig", "finalize_dir", "iter_corpus_texts", "slurm_task", "tokenize_corpus"]
@@ -252,7 +252,7 @@ def _finished_manifest(out: Path, plan: dict[str, Any], phash: str) -> dict[str,
     manifest_path = out / "manifest.json"
     if not manifest_path.is_file():
         return None
-    old = read_json_record(manifest_path, "this directory holds a damaged corpus: use a new --output")
+    old = read_object(manifest_path, DataPrepError, hint="this directory holds a damaged corpus: use a new --output")
     if old.get("plan_hash") == phash:
         log.info("%s: already complete (manifest matches inputs, settings and tokenizer)", out)
         return old
@@ -290,7 +290,7 @@ def _read_plan(plan_path: Path) -> dict[str, Any]:
     """OUT/.work/plan.json ({plan_hash, plan}); a damaged one names the file and the way out (the units are keyed by
     their settings and bytes, so deleting the plan loses nothing)."""
     todo = "delete it and rerun tokenize with the same inputs and settings (the finished units are kept)"
-    stored = read_json_record(plan_path, todo)
+    stored = read_object(plan_path, DataPrepError, hint=todo)
     if not isinstance(stored.get("plan"), dict) or "plan_hash" not in stored:
         raise DataPrepError(f"{plan_path}: damaged (no plan / plan_hash); {todo}")
     return stored
@@ -355,11 +355,14 @@ def _finalize(out: Path, max_unk_fraction: float) -> dict[str, Any]:
     damaged = "this directory holds a damaged corpus: use a new --output"
     if not plan_path.is_file():
         if manifest_path.is_file():
-            return read_json_record(manifest_path, damaged)
+            return read_object(manifest_path, DataPrepError, hint=damaged)
         raise DataPrepError(f"{out}: nothing to finalize (no {Path('.work', 'plan.json')}; run tokenize first)")
     stored = _read_plan(plan_path)
     plan, phash = stored["plan"], stored["plan_hash"]
-    if manifest_path.is_file() and (old := read_json_record(manifest_path, damaged)).get("plan_hash") == phash:
+    if (
+        manifest_path.is_file()
+        and (old := read_object(manifest_path, DataPrepError, hint=damaged)).get("plan_hash") == phash
+    ):
         return old
     keys = unit_keys(plan)
     infos = _finished_units(out, plan, keys)

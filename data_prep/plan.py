@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from common.config import literal_problems
-from common.integrity import sha256_file
+from common.integrity import sha256_bytes, sha256_file
+from common.io import peek_object
 
 from . import sources as S
 from .errors import DataPrepError
 from .sources import DecodeErrorPolicy, DocBoundary
-from .util import canonical_json, read_json, sha256_bytes
+from .util import canonical_json
 
 log = logging.getLogger("data_prep")
 
@@ -182,11 +183,8 @@ def load_unit(out: Path, key: str, rehash: bool) -> dict[str, Any] | None:
     A unit written before [UNK]s were counted (no `unk_tokens`) counts as unfinished: it is redone, with the same
     bytes, so that the manifest's [UNK] totals cover every unit."""
     d = unit_dir(out, key)
-    try:
-        info = read_json(d / "unit.json")
-    except (OSError, ValueError):
-        return None
-    if not isinstance(info, dict) or info.get("unit_key") != key or not isinstance(info.get("unk_tokens"), dict):
+    info = peek_object(d / "unit.json")
+    if info is None or info.get("unit_key") != key or not isinstance(info.get("unk_tokens"), dict):
         return None
     for split in SPLITS:
         for part in info["parts"].get(split, []):

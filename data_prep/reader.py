@@ -11,8 +11,6 @@ token data are for `verify`.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import resource
 from collections import OrderedDict
@@ -22,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from common.integrity import sha256_bytes
+from common.io import parse_object
 from common.vocab import TokenizerIdentity, TokenizerIdentityError, identity_of
 
 from .errors import DataPrepError
@@ -64,11 +64,8 @@ class PreparedCorpus:
         if not mpath.is_file():
             raise DataPrepError(f"{mpath}: missing (not a prepared corpus, or tokenize/finalize has not finished)")
         raw = mpath.read_bytes()
-        self.manifest_hash: str = hashlib.sha256(raw).hexdigest()
-        try:
-            manifest = json.loads(raw)
-        except ValueError as e:
-            raise DataPrepError(f"{mpath}: not valid JSON ({e})") from e
+        self.manifest_hash: str = sha256_bytes(raw)
+        manifest = parse_object(raw, str(mpath), DataPrepError, "a data_prep manifest (a JSON object)")
         if manifest.get("format") != FORMAT:
             raise DataPrepError(f"{mpath}: not a data_prep manifest (format={manifest.get('format')!r})")
         if split not in manifest.get("splits", {}):

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import importlib.util
 import io
-import json
 import logging
 import os
 import re
@@ -40,15 +39,15 @@ from typing import Any, Literal
 import numpy as np
 
 from common.config import choice_problem
-from common.hub import TOKENIZER_FILES, is_hub_id, resolve_pretrained
-from common.integrity import sha256_file
-from common.io import atomic_path, atomic_write_json
-from common.vocab import TokenizerIdentity, TokenizerIdentityError, identity_of
+from common.hub import TOKENIZER_DOWNLOAD, is_hub_id, resolve_pretrained
+from common.integrity import sha256_bytes, sha256_file
+from common.io import atomic_path, atomic_write_json, peek_object, read_object
+from common.vocab import TokenizerIdentity, TokenizerIdentityError, identity_of, read_vocab_lines
 
 from .errors import DataPrepError, with_path
 from .shard_format import token_dtype
 from .splitter import split_sentences
-from .util import CANONICAL, canonical_json, read_json, sha256_bytes
+from .util import CANONICAL, canonical_json
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 SPECIAL_KEYS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
@@ -127,11 +126,8 @@ def load_meta(directory: str | os.PathLike) -> dict[str, Any]:
     path = directory / META
     if not path.is_file():
         raise DataPrepError(f"{directory}: not a data_prep tokenizer directory (no {META})")
-    try:
-        meta = read_json(path)
-    except (OSError, ValueError) as e:
-        raise DataPrepError(f"{path}: unreadable tokenizer metadata ({e})") from e
-    missing = [k for k in META_KEYS if not isinstance(meta, dict) or k not in meta]
+    meta = read_object(path, DataPrepError, "a JSON object (the tokenizer metadata)")
+    missing = [k for k in META_KEYS if k not in meta]
     if missing or not isinstance(meta["files"], dict) or set(meta["special_ids"]) != set(SPECIAL_KEYS):
         raise DataPrepError(
             f"{path}: damaged tokenizer metadata (missing or invalid: {', '.join(missing) or 'files/special_ids'}); "
@@ -258,13 +254,7 @@ def _save_tokenizer_json(tok: Any, path: Path) -> None:
 def read_vocab(path: Path) -> list[str]:
     """The tokens of a vocab.txt, one per line; refused when it cannot be a WordPiece vocab (empty, duplicates, a
     line with whitespace: a text file, a `word count` dictionary or BPE merges passed by mistake)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataPrepError(f"{path}: cannot read vocab file ({e})") from e
-    vocab = text.split("\n")
-    if vocab and vocab[-1] == "":
-        vocab.pop()
+    vocab = read_vocab_lines(path, DataPrepError)
     if not vocab:
         raise DataPrepError(f"{path}: empty vocab file")
     seen: dict[str, int] = {}
@@ -324,10 +314,7 @@ def adopt_vocab(vocab_path: str | os.PathLike, out_dir: str | os.PathLike, lower
 
 def _config_lowercase(directory: Path) -> bool | None:
     """`do_lower_case` of a tokenizer_config.json in `directory` (None when there is none or it does not say)."""
-    try:
-        value = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8")).get("do_lower_case")
-    except (OSError, ValueError, AttributeError):
-        return None
+    value = (peek_object(directory / "tokenizer_config.json") or {}).get("do_lower_case")
     return value if isinstance(value, bool) else None
 
 
@@ -349,11 +336,11 @@ def adopt_tokenizer_json(path: str | os.PathLike, out_dir: str | os.PathLike) ->
     """Make `out_dir` a WordPiece tokenizer dir from the vocabulary of a WordPiece `tokenizer.json` (a model
     directory without vocab.txt); other models (BPE, Unigram) are refused with what to pass instead."""
     path = Path(path)
-    try:
-        model = json.loads(path.read_text(encoding="utf-8"))["model"]
-        kind, vocab_ids = model.get("type"), model.get("vocab")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise DataPrepError(f"{path}: not a readable tokenizers tokenizer.json ({type(e).__name__}: {e})") from None
+    data = read_object(path, DataPrepError, "a tokenizers tokenizer.json (a JSON object)")
+    model = data.get("model")
+    if not isinstance(model, dict):
+        raise DataPrepError(f"{path}: not a readable tokenizers tokenizer.json (no model object)")
+    kind, vocab_ids = model.get("type"), model.get("vocab")
     if kind != "WordPiece" or not isinstance(vocab_ids, dict):
         raise DataPrepError(
             f"{path}: a {kind} tokenizer; data_prep adopts WordPiece (vocab.txt / tokenizer.json) or a sentencepiece "
@@ -367,7 +354,7 @@ def adopt_tokenizer_json(path: str | os.PathLike, out_dir: str | os.PathLike) ->
     _append_specials(vocab, path)
     lowercase = _config_lowercase(path.parent)
     if lowercase is None:
-        lowercase = _json_lowercase(json.loads(path.read_text(encoding="utf-8")).get("normalizer"))
+        lowercase = _json_lowercase(data.get("normalizer"))
 
     def build(tmp: Path) -> dict[str, Any]:
         _save_wordpiece(tmp, vocab, bool(lowercase))
@@ -409,7 +396,7 @@ def _local_source(source: str | os.PathLike) -> Path:
     text = str(source)
     if not is_hub_id(text) or src.suffix in (".txt", ".model", ".json"):
         raise DataPrepError(f"{text}: not a tokenizer: no such file or directory ({_EXPECTED})")
-    return resolve_pretrained(text, what="--tokenizer", files=TOKENIZER_FILES)
+    return resolve_pretrained(text, what="--tokenizer", files=TOKENIZER_DOWNLOAD)
 
 
 def _tokenizer_file_in(directory: Path) -> Path:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from common.integrity import sha256_file
+from common.io import read_object
 
 from .errors import DataPrepError
 from .shard_format import DTYPES, FORMAT, open_idx_arrays, read_idx_header
@@ -193,7 +194,7 @@ def _verify_manifest(out: Path, mpath: Path, manifest: dict[str, Any], workers: 
 
 
 def summary(out_dir: str | os.PathLike) -> str:
-    m = json.loads((Path(out_dir) / "manifest.json").read_bytes())
+    m = read_object(Path(out_dir) / "manifest.json", DataPrepError)
     n = sum(len(s["shards"]) for s in m["splits"].values())
     t = m["totals"]
     return f"{n} shards, {t['docs']:,} docs, {t['sentences']:,} sentences, {t['tokens']:,} tokens"

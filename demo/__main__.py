@@ -17,7 +17,6 @@ cache), else a toy fallback that the console and the report label as such (demo/
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import signal
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.dist import free_port
+from common.io import parse_object, read_object
 from demo.data import HOW_TO_GET_REAL_DATA, DemoData, demo_data
 from elasticbert import minilm_dir
 
@@ -83,7 +83,8 @@ def metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+    return [parse_object(line, f"{path}:{n}", record=True) for n, line in lines if line.strip()]
 
 
 def launch_srun_style(args: list[str], ntasks: int, log: Path) -> list[subprocess.Popen]:
@@ -139,7 +140,7 @@ def stage_pretrain(scale: Scale, data: Path, run_dir: Path, logs: Path) -> dict:
         "model.intermediate_size=1536",
         "model.max_position_embeddings=512",
         f"data.corpora=[{{name: corpus, path: {data}, weight: 1.0}}]",
-        f"data.max_seq_len={scale.seq_len}",
+        f"data.max_length={scale.seq_len}",
         f"train.train_steps={scale.pretrain_steps}",
         "train.global_batch_size=16",
         "train.micro_batch_size=4",
@@ -191,7 +192,7 @@ def stage_data(data_source: DemoData, out: Path) -> tuple[Path, dict]:
     tokenize = ["tokenize", *inputs, "--output", str(data), "--tokenizer", vocab, "--workers", "2"]
     run([sys.executable, "-m", "data_prep", *tokenize, "--valid-fraction", "0.05", "--no-progress"])
     run([sys.executable, "-m", "data_prep", "verify", str(data)])
-    manifest = json.loads((data / "manifest.json").read_text())
+    manifest = read_object(data / "manifest.json")
     return data, {"source": source, "totals": manifest.get("totals")}
 
 
@@ -223,7 +224,7 @@ def stage_early_exit(scale: Scale, ft: Path, data_source: DemoData, out: Path, l
     sweep_json = str(next(ee.glob("early_exit_*.json")))  # static curve + every operating point of both sweeps
     score = ["elue-score", "--baseline", sweep_json, "--points", sweep_json, "--output", str(ee / "elue_score.json")]
     run([sys.executable, "-m", "finetune", *score], log=logs / "early_exit.log")
-    return json.loads((ee / "elue_score.json").read_text())
+    return read_object(ee / "elue_score.json")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
     run([sys.executable, "-m", "pretrain", "export", "--checkpoint", checkpoints, "--output", str(hf)])
     # 4-5. fine-tuning, early exit + ELUE
     ft = stage_finetune(scale, hf, data_source, out, logs)
-    summary["finetune"] = json.loads((ft / "dev_scores.json").read_text())
+    summary["finetune"] = read_object(ft / "dev_scores.json")
     summary["early_exit"] = stage_early_exit(scale, ft, data_source, out, logs)
     # 6. report
     from demo.report import write_report

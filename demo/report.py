@@ -9,6 +9,7 @@ from pathlib import Path
 
 import matplotlib
 
+from common.io import read_object
 from demo.data import HOW_TO_GET_REAL_DATA
 
 matplotlib.use("Agg")
@@ -61,7 +62,7 @@ def early_exit_lines(early_exit_dir: Path, elue: dict) -> list[str]:
     """One table row per operating point (threshold, score, exit layer, speed-ups) and each rule's ELUE score."""
     lines = []
     for path in sorted(early_exit_dir.glob("early_exit_*.json")):
-        sweep = json.loads(path.read_text())
+        sweep = read_object(path)
         full = sweep["full_model"]
         lines += [
             f"{sweep['num_samples']} dev samples, batch {sweep['batch_size']}: the full model scores "

@@ -5,11 +5,12 @@
 code of ours; `finetune.early_exit` re-exports it and adds BERxiT's learned exit head, sweeps and the `early-exit`
 command. One engine serves all of them.
 
-Rules (one threshold τ each; see `exit_setting` for their ranges, and for the thresholds at which a rule no longer
-depends on its input, which `make_rule` refuses): ``entropy`` (DeeBERT: entropy of the exit's softmax in nats < τ),
-``maxprob`` (top class probability ≥ τ), ``patience`` (PABEE: the prediction unchanged over τ = k >= 1 consecutive
-exits; regression: |Δ| < δ counts as unchanged), ``pcee`` (PCEE-BERT: ``patience`` consecutive exits with
-H / ln K < τ), ``static`` (never fires: the engine then runs the last exit only).
+Rules (one threshold τ each), registered below in `exit_setting.RULES`, the one rule table, with their threshold
+ranges (see `exit_setting` for those and for the thresholds at which a rule no longer depends on its input, which
+`rule_for` refuses): ``entropy`` (DeeBERT: entropy of the exit's softmax in nats < τ), ``maxprob`` (top class
+probability ≥ τ), ``patience`` (PABEE: the prediction unchanged over τ = k >= 1 consecutive exits; regression:
+|Δ| < δ counts as unchanged), ``pcee`` (PCEE-BERT: ``patience`` consecutive exits with H / ln K < τ), ``static``
+(never fires: the engine then runs the last exit only).
 The last exit always takes the samples still running (the engine's job, not the rules').
 
 Why batched the way it is: at every exit the samples whose rule fires *leave the batch* (their hidden states, mask rows
@@ -35,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .exit_setting import STRATEGIES, EarlyExitSetting
+from .exit_setting import RULES, EarlyExitSetting, Rule, register_rule
 from .flops import sample_flops
 from .masks import attention_mask_for_sdpa
 
@@ -53,6 +54,8 @@ class ExitRule:
 
     name = "rule"
     can_fire = True
+    head_width = 0  # input width d of a learned exit head the rule calls at each exit (2·d FLOPs a call), 0: none
+    setting: EarlyExitSetting | None = None  # the setting it was built from (`rule_for`)
 
     def __init__(self, threshold: float) -> None:
         self.threshold = float(threshold)
@@ -125,8 +128,6 @@ class PatienceRule(_CountingRule):
     name = "patience"
 
     def __init__(self, patience: int, regression: bool = False, delta: float = 0.1) -> None:
-        if patience < 0 or int(patience) != patience:
-            raise ValueError(f"patience must be a non-negative integer, got {patience}")
         super().__init__(int(patience))
         self.patience = int(patience)
         self.regression = regression
@@ -155,11 +156,6 @@ class PCEERule(_CountingRule):
 
     def __init__(self, threshold: float, patience: int = 2) -> None:
         super().__init__(threshold)
-        if patience < 1:
-            raise ValueError(
-                f"PCEE patience must be >= 1 (0 would exit every sample at the first exit whatever the threshold), "
-                f"got {patience}"
-            )
         self.patience = int(patience)
 
     def decide(self, position: int, representation: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -190,27 +186,68 @@ class StaticRule(ExitRule):
         return {}
 
 
-def rule_for(setting: EarlyExitSetting, num_labels: int) -> ExitRule:
-    """The rule of a setting (validated here: a ConfigError lists its problems)."""
+def rule_for(setting: EarlyExitSetting, num_labels: int, **extras: Any) -> ExitRule:
+    """The rule of a setting, from the rule table, for a model with `num_labels` outputs: the setting is validated
+    here (a ConfigError lists its problems), the one check on a threshold's way to the rule. `extras` go to the
+    rule's factory (`lte_head=` for the learned exit head)."""
     setting.validated(num_labels)
-    strategy, threshold = setting.strategy, setting.threshold
-    if strategy == "entropy":
-        return EntropyRule(threshold)
-    if strategy == "maxprob":
-        return MaxProbRule(threshold)
-    if strategy == "patience":
-        return PatienceRule(int(threshold), regression=num_labels == 1, delta=setting.delta)
-    if strategy == "pcee":
-        return PCEERule(threshold, patience=setting.patience)
-    return StaticRule()
+    rule = RULES[setting.strategy].build(setting, num_labels, **extras)
+    rule.setting = setting
+    return rule
 
 
 def make_rule(
-    strategy: str, threshold: float | None, num_labels: int, patience: int = 2, delta: float = 0.1
+    strategy: str, threshold: float | None, num_labels: int, patience: int = 2, delta: float = 0.1, **extras: Any
 ) -> ExitRule:
-    """An exit rule by name (one of `STRATEGIES`); for `patience` the threshold is k, `static` takes none (None).
-    Refuses thresholds outside their range and rules that need probabilities on a regression model."""
-    return rule_for(EarlyExitSetting(strategy, threshold, patience, delta), num_labels)
+    """`rule_for` a setting given by its fields: for `patience` the threshold is k, `static` takes none (None)."""
+    return rule_for(EarlyExitSetting(strategy, threshold, patience, delta), num_labels, **extras)
+
+
+def _fixed(*grid: float) -> Any:
+    return lambda num_labels, num_exits: list(grid)
+
+
+def _entropy_grid(num_labels: int, num_exits: int) -> list[float]:
+    top = math.log(max(num_labels, 2))
+    return [round(top * f, 4) for f in (0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.8)]
+
+
+for _rule in (
+    Rule(
+        "entropy",
+        lambda s, k, **_: EntropyRule(s.threshold),
+        (0.0, math.inf),
+        "an entropy in nats, >= 0",
+        classification_only=True,
+        grid=_entropy_grid,
+    ),
+    Rule(
+        "maxprob",
+        lambda s, k, **_: MaxProbRule(s.threshold),
+        (0.0, 1.0),
+        "a probability within [0, 1]",
+        classification_only=True,
+        grid=_fixed(0.995, 0.98, 0.95, 0.9, 0.85, 0.8, 0.7),
+    ),
+    Rule(
+        "patience",
+        lambda s, k, **_: PatienceRule(int(s.threshold), regression=k == 1, delta=s.delta),
+        (0.0, math.inf),
+        "a whole number of exits >= 0",
+        whole=True,
+        grid=lambda num_labels, num_exits: [float(k) for k in range(1, num_exits)],
+    ),  # k = 0: degenerate
+    Rule(
+        "pcee",
+        lambda s, k, **_: PCEERule(s.threshold, patience=s.patience),
+        (0.0, 1.0),
+        "a normalised entropy H / ln K within [0, 1]",
+        classification_only=True,
+        grid=_fixed(0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.8),
+    ),
+    Rule("static", lambda s, k, **_: StaticRule(), None, "the full model"),
+):
+    register_rule(_rule)
 
 
 # ----------------------------------------------------------------------------------------------------------- engine
@@ -386,7 +423,6 @@ def per_sample_flops(
 
 
 __all__ = [
-    "STRATEGIES",
     "EarlyExitResult",
     "EarlyExitSetting",
     "EntropyRule",

@@ -1,8 +1,9 @@
-"""The early-exit setting a model's config can carry (`config.early_exit`) and the meaningful range of each threshold.
+"""The early-exit setting (one record for a rule's parameters, what `config.early_exit` holds) and the rule table.
 
-Pure data, no torch: `configuration` validates `config.early_exit` with it when a config loads, `early_exit` builds
-the rule from it at inference, `loading.save_early_exit` writes it into a model directory. The rules it names are the
-ones that need no trained side model (BERxiT's learned exit head lives in `finetune.early_exit`):
+Pure data, no torch. `RULES` is the one table of exit rules: each `Rule` names itself, its threshold's range, its
+factory, whether it reads class probabilities and what side model it needs. `early_exit` registers the rules that
+need no trained side model - a config can carry those - and `finetune.early_exit.rules` registers BERxiT's learned
+exit head (``lte``); every strategy list, range check and factory call reads this table:
 
 - ``entropy`` (DeeBERT): exit when the entropy of the exit's softmax (nats) < τ;
 - ``maxprob``: exit when the largest class probability ≥ τ;
@@ -11,50 +12,76 @@ ones that need no trained side model (BERxiT's learned exit head lives in `finet
 - ``pcee`` (PCEE-BERT): exit after ``patience`` consecutive exits whose normalised entropy H / ln K < τ;
 - ``static``: never exit early (the full model: only the last exit runs); takes no threshold.
 
+`EarlyExitSetting` is checked in one place, `problems` (`validated`, `from_dict`, and `early_exit.rule_for` call it).
 Besides its range, each rule has thresholds at which its decision no longer depends on the input: every sample
 leaves at the first exit it can by construction, whatever the text (`degenerate_problem`). For K labels: an entropy
 is at most ln K, so τ >= ln K always fires; the top probability is at least 1/K, so τ <= 1/K always fires; the
 normalised entropy is at most 1, so PCEE's τ >= 1 always counts (every sample leaves at its `patience`-th exit);
 PABEE's patience k counts agreements between consecutive exits and k = 0 needs none. Such a setting measures the
-first exit under another name: it is refused wherever a setting is checked (`EarlyExitSetting.problems`, so
-`make_rule`, `save_early_exit`, a config's `early_exit`, `predict`), and a sweep drops such points, saying so.
-Values within the 4-decimal rounding of the bound (`ROUNDING`: ln 2 written 0.6931) count as the bound.
+first exit under another name: it is refused wherever a setting is checked, and a sweep drops such points, saying
+so. Values within the 4-decimal rounding of the bound (`ROUNDING`: ln 2 written 0.6931) count as the bound.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from common.config import choice_problem
 from common.errors import ConfigError
 
-Strategy = Literal["entropy", "maxprob", "patience", "pcee", "static"]
-STRATEGIES: tuple[str, ...] = get_args(Strategy)
-CLASSIFICATION_ONLY = ("entropy", "maxprob", "pcee")  # they read class probabilities
 
-# The meaningful range of each rule's threshold (checked before anything runs).
-THRESHOLD_RANGES: dict[str, tuple[float, float, str]] = {
-    "entropy": (0.0, math.inf, "an entropy in nats, >= 0"),
-    "maxprob": (0.0, 1.0, "a probability within [0, 1]"),
-    "patience": (0.0, math.inf, "a whole number of exits >= 0"),
-    "pcee": (0.0, 1.0, "a normalised entropy H / ln K within [0, 1]"),
-}
+@dataclass(frozen=True)
+class Rule:
+    """One exit rule of the table."""
+
+    name: str
+    build: Callable[..., Any]  # (setting, num_labels, **extras) -> an `early_exit.ExitRule`
+    range: tuple[float, float] | None  # the threshold's meaningful range; None: the rule takes no threshold
+    what: str  # the threshold in words (the rule itself when it takes none), for messages
+    classification_only: bool = False  # reads class probabilities: no rule for a regression model
+    whole: bool = False  # the threshold counts exits
+    side_model: str = ""  # what it needs besides the model, which a config.json cannot carry ('' : nothing)
+    grid: Callable[[int, int], list[float]] | None = None  # default sweep: (num_labels, num_exits) -> thresholds
 
 
-def threshold_problem(strategy: str, threshold: float, ranges: Mapping = THRESHOLD_RANGES) -> str | None:
-    """Why `threshold` is outside the range of `strategy`'s threshold, or None (also None for a rule not in
-    `ranges`)."""
-    if strategy not in ranges:
+RULES: dict[str, Rule] = {}
+
+
+def register_rule(rule: Rule) -> Rule:
+    """Add `rule` to the table (the fine-tuning side registers its learned exit head here)."""
+    RULES[rule.name] = rule
+    return rule
+
+
+def rule_names(*, swept: bool | None = None, configurable: bool | None = None) -> tuple[str, ...]:
+    """The rules' names in the order they were registered; `swept`: only those with a threshold to sweep (static is
+    the static curve instead), `configurable`: only those a config can carry (no side model)."""
+    return tuple(
+        name
+        for name, rule in RULES.items()
+        if swept in (None, rule.range is not None) and configurable in (None, not rule.side_model)
+    )
+
+
+def threshold_problem(strategy: str, threshold: float) -> str | None:
+    """Why `threshold` is outside the range of `strategy`'s threshold, or None (also for a rule without one)."""
+    rule = RULES.get(strategy)
+    if rule is None or rule.range is None:
         return None
-    lo, hi, what = ranges[strategy]
     value = float(threshold)
-    bad = math.isnan(value) or not lo <= value <= hi  # +inf is allowed where the range is open (always fires)
-    if strategy == "patience" and not bad:
-        bad = value != int(value)
-    return f"{strategy} threshold {threshold:g}: must be {what}" if bad else None
+    bad = math.isnan(value) or not rule.range[0] <= value <= rule.range[1]  # +inf where the range is open: fires
+    bad = bad or (rule.whole and value != int(value))
+    return f"{strategy} threshold {threshold:g}: must be {rule.what}" if bad else None
+
+
+def default_sweep(strategy: str, num_labels: int, num_exits: int) -> list[float]:
+    """Thresholds that span 'exit almost everything early' to 'almost never exit' for a rule (its `grid`)."""
+    if problem := choice_problem("strategy", strategy, rule_names(swept=True)):
+        raise ConfigError(f"unknown {problem}")
+    return RULES[strategy].grid(num_labels, num_exits)
 
 
 ROUNDING = 5e-5  # a bound written to 4 decimals (ln 2 = 0.6931, 1/3 = 0.3333) is the bound
@@ -84,62 +111,89 @@ def degenerate_problem(strategy: str, threshold: float, num_labels: int | None =
     return f"{strategy} threshold {value:g}: {why}" if why else None
 
 
-SETTING_KEYS = ("strategy", "threshold", "patience", "delta", "precision")
+SETTING_KEYS = ("strategy", "threshold", "patience", "delta", "precision")  # what a config.json's early_exit holds
 Precision = Literal["fp32", "int8"]  # elasticbert.precision: what a threshold was calibrated at
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 
 @dataclass(frozen=True)
 class EarlyExitSetting:
-    """One operating point of an exit rule: what `config.early_exit` holds, e.g. `{"strategy": "entropy",
-    "threshold": 0.3}`. `patience` is PCEE's count of consecutive confident exits, `delta` PABEE's regression
-    tolerance; each is written only for the rule that reads it. `precision` is the inference precision the
-    threshold was chosen at (`elasticbert.precision`), written when it is not fp32."""
+    """One exit rule at one threshold: what `config.early_exit` holds, e.g. `{"strategy": "entropy",
+    "threshold": 0.3}`, what an operating point measured and what a classifier runs. `patience` is PCEE's count of
+    consecutive confident exits, `delta` PABEE's regression tolerance; each is written only for the rule that reads
+    it. `precision` is the inference precision the threshold was chosen at (`elasticbert.precision`), written when it
+    is not fp32. `lte_head` is the file of a learned exit head (the side model of ``lte``; never in a config)."""
 
     strategy: str
     threshold: float | None = None
     patience: int = 2
     delta: float = 0.1
     precision: str = "fp32"
+    lte_head: str | None = None
 
-    def problems(self, num_labels: int | None = None) -> list[str]:
-        """Everything wrong with the setting (for a model with `num_labels` outputs, when given)."""
-        problem = choice_problem("strategy", self.strategy, STRATEGIES)
-        if problem:
-            return [f"unknown {problem}"]
+    def problems(self, num_labels: int | None = None, in_config: bool = False) -> list[str]:
+        """Everything wrong with the setting (for a model with `num_labels` outputs, when given; `in_config`: as a
+        config.json's `early_exit`, which carries no side model)."""
+        problems = self.rule_problems(num_labels, rule_names(configurable=True) if in_config else None)
+        if problems:
+            return problems
+        return self._threshold_problems(RULES[self.strategy], num_labels) + self.parameter_problems()
+
+    def rule_problems(self, num_labels: int | None = None, among: tuple[str, ...] | None = None) -> list[str]:
+        """An unknown rule (not in the table, or not `among` these), or one that needs class probabilities on a
+        regression model (`num_labels` 1)."""
+        rule = RULES.get(self.strategy)
+        if among is not None and rule is not None and self.strategy not in among and rule.side_model:
+            return [
+                f"strategy {self.strategy!r} cannot be saved in a config ({', '.join(among)} can): {rule.side_model}"
+            ]
+        if problem := choice_problem("strategy", self.strategy, among if among is not None else tuple(RULES)):
+            return [f"unknown strategy {self.strategy!r}{problem.removeprefix(f'strategy={self.strategy!r}')}"]
+        if num_labels == 1 and rule.classification_only:
+            others = " or ".join(repr(name) for name, r in RULES.items() if not r.classification_only)
+            return [f"strategy {self.strategy!r} needs class probabilities; for regression use {others}"]
+        return []
+
+    def _threshold_problems(self, rule: Rule, num_labels: int | None) -> list[str]:
+        if rule.range is None:
+            return [] if self.threshold is None else [f"strategy {self.strategy!r} ({rule.what}) takes no threshold"]
+        if self.threshold is None:
+            return [f"strategy {self.strategy!r} needs --threshold τ ({rule.what}; or --operating-point RESULT.json)"]
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, int | float):
+            return [f"threshold must be a number, got {self.threshold!r}"]
+        problem = threshold_problem(self.strategy, self.threshold)
+        problem = problem or degenerate_problem(self.strategy, self.threshold, num_labels)
+        return [problem] if problem else []
+
+    def parameter_problems(self) -> list[str]:
+        """What is wrong with the rule's parameters besides its threshold (PCEE's patience, PABEE's delta, the
+        precision)."""
         problems = []
-        if self.strategy == "static":
-            if self.threshold is not None:
-                problems.append("strategy 'static' (the full model) takes no threshold")
-        elif self.threshold is None:
-            problems.append(f"strategy {self.strategy!r} needs a threshold")
-        elif isinstance(self.threshold, bool) or not isinstance(self.threshold, int | float):
-            problems.append(f"threshold must be a number, got {self.threshold!r}")
-        elif problem := threshold_problem(self.strategy, self.threshold) or degenerate_problem(
-            self.strategy, self.threshold, num_labels
-        ):
-            problems.append(problem)
         if isinstance(self.patience, bool) or not isinstance(self.patience, int) or self.patience < 1:
             problems.append(
-                "patience (PCEE's consecutive confident exits) must be a whole number >= 1 (0 would exit every "
+                "--patience (PCEE's consecutive confident exits) must be >= 1, a whole number (0 would exit every "
                 f"sample at the first exit whatever the threshold), got {self.patience!r}"
             )
         if isinstance(self.delta, bool) or not isinstance(self.delta, int | float) or not 0 <= self.delta < math.inf:
-            problems.append(f"delta (PABEE's regression tolerance) must be a number >= 0, got {self.delta!r}")
+            problems.append(f"--delta must be >= 0 (PABEE's regression tolerance), got {self.delta!r}")
         if problem := choice_problem("precision", self.precision, PRECISIONS):
             problems.append(f"unknown {problem}")
-        if num_labels == 1 and self.strategy in CLASSIFICATION_ONLY:
-            problems.append(
-                f"strategy {self.strategy!r} needs class probabilities; for regression use 'patience' or 'static'"
-            )
         return problems
 
-    def validated(self, num_labels: int | None = None, source: str | None = None) -> EarlyExitSetting:
+    def validated(
+        self, num_labels: int | None = None, source: str | None = None, in_config: bool = False
+    ) -> EarlyExitSetting:
         """The setting itself, or a ConfigError listing its problems (`source` names where it came from)."""
-        problems = self.problems(num_labels)
+        problems = self.problems(num_labels, in_config)
         if problems:
             raise ConfigError(problems, source)
         return self
+
+    def describe(self) -> str:
+        """The rule in a few words, for logs: `entropy τ=0.2`, `static (the full model)`."""
+        if self.threshold is None:
+            return f"{self.strategy} ({RULES[self.strategy].what})" if self.strategy in RULES else self.strategy
+        return f"{self.strategy} τ={self.threshold:g}"
 
     def to_dict(self) -> dict:
         """What `config.early_exit` holds: strategy and threshold, plus the parameter its rule reads."""
@@ -167,9 +221,9 @@ class EarlyExitSetting:
         if unknown:
             raise ConfigError(f"{source}: unknown keys {unknown} (known: {', '.join(SETTING_KEYS)})")
         if "strategy" not in value:
-            raise ConfigError(f"{source}: no 'strategy' (one of {', '.join(STRATEGIES)})")
+            raise ConfigError(f"{source}: no 'strategy' (one of {', '.join(rule_names(configurable=True))})")
         setting = cls(**value)
-        problems = setting.problems(num_labels)
+        problems = setting.problems(num_labels, in_config=True)
         if problems:
             raise ConfigError(f"{source}: " + "; ".join(problems))
         return setting

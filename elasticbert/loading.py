@@ -121,7 +121,7 @@ def read_config(directory: Path, verify_checksums: bool | None = None) -> dict:
 
 def save_early_exit(
     directory: str | Path,
-    strategy: str | None,
+    strategy: str | EarlyExitSetting | None,
     threshold: float | None = None,
     *,
     patience: int = 2,
@@ -130,11 +130,11 @@ def save_early_exit(
 ) -> dict | None:
     """Write an early-exit setting into a local model directory's config.json (atomically; every other field is kept
     as it is), so that its classifier's forward - and `pipeline("text-classification", model=directory)` - exits
-    early: e.g. `save_early_exit(run / "best", "entropy", 0.3)`. `strategy=None` removes the setting (every exit
-    runs again). `precision` records what the threshold was chosen at (`elasticbert.precision`; `predict` and
-    `EarlyExitClassifier` then run the model at it). Returns what `config.early_exit` now holds; a setting that does
-    not fit the model (unknown rule, threshold out of range, a probability rule on a regression model) is refused with
-    a CheckpointError."""
+    early: e.g. `save_early_exit(run / "best", "entropy", 0.3)`, or an `EarlyExitSetting` for `strategy`.
+    `strategy=None` removes the setting (every exit runs again). `precision` records what the threshold was chosen
+    at (`elasticbert.precision`; `predict` and `EarlyExitClassifier` then run the model at it). Returns what
+    `config.early_exit` now holds; a setting that does not fit the model (unknown rule, threshold out of range, a
+    probability rule on a regression model) is refused with a CheckpointError."""
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: not a local model directory (early-exit settings are written into one)")
@@ -146,7 +146,10 @@ def save_early_exit(
         )
     value = None
     if strategy is not None:
-        value = EarlyExitSetting(strategy, threshold, patience, delta, precision).validated().to_dict()
+        setting = strategy
+        if not isinstance(setting, EarlyExitSetting):
+            setting = EarlyExitSetting(strategy, threshold, patience, delta, precision)
+        value = setting.validated(in_config=True).to_dict()
     config = _config(directory, {**raw, "early_exit": value})  # validates it against the model (labels, ranges)
     updated = {k: v for k, v in raw.items() if k != "early_exit"}
     if config.early_exit is not None:

@@ -182,7 +182,7 @@ def train_args(model: str, task: str, rung: Rung, seed: int, scale: Scale, run_d
         str(scale.lr[task]),
         "--exit-lr",
         str(scale.exit_lr),
-        "--warmup",
+        "--warmup-fraction",
         str(scale.warmup),
         "--weight-decay",
         str(scale.weight_decay),
@@ -220,7 +220,7 @@ def train_args(model: str, task: str, rung: Rung, seed: int, scale: Scale, run_d
     if scale.dev_examples is not None:
         args += ["--max-dev-examples", str(scale.dev_examples), "--dev-subset-seed", "0"]
     if scale.max_steps is not None:
-        args += ["--max-steps", str(scale.max_steps)]
+        args += ["--train-steps", str(scale.max_steps)]
     return args
 
 

@@ -15,7 +15,6 @@ Every number comes from `python -m finetune early-exit` and `python -m finetune 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from dataclasses import asdict, dataclass
@@ -23,7 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common.io import read_object  # noqa: E402
 from experiments.common import GLUE_DIR, RESULTS_DIR, mean_std, run_cli, write_json  # noqa: E402
+from finetune.early_exit.operating_point import load_result  # noqa: E402
 
 STRATEGIES = ("entropy", "patience", "pcee", "lte")
 
@@ -111,7 +112,7 @@ def elue(paths: list[Path], work_dir: Path) -> dict:
         ["elue-score", "--baseline", *files, "--points", *files, "--output", str(report)],
         work_dir / "logs" / "elue_score.log",
     )
-    return json.loads(report.read_text())
+    return read_object(report, what="an elue-score report")
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -277,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         rule = f"given on the command line (`--model {args.model}`)."
         models = {scale.tasks[0]: {"rung": "given", "seed": None, "cross_layer_avg": math.nan, "model": args.model}}
     else:
-        ladder = json.loads(args.ladder_results.read_text())
+        ladder = read_object(args.ladder_results, what="an ACL-ladder results file")
         rule = (
             "the ACL-ladder rung with the highest mean cross-layer dev average over seeds, and of that rung the "
             "seed with the highest cross-layer average (selection on the same dev subsets; stated before the "
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     curves, walls, paths = {}, {}, []
     for task, m in models.items():
         path, walls[task] = early_exit(task, m["model"], scale, args.work_dir)
-        curves[task] = json.loads(path.read_text())
+        curves[task] = load_result(path)
         paths.append(path)
         print(f"{task}: {m['rung']} seed {m['seed']}: early exit done in {walls[task]:.0f}s", flush=True)
     report = elue(paths, args.work_dir)

@@ -32,11 +32,14 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from common.config import stored_tree
 from common.errors import UserError
 from common.integrity import seal, verify_directory
 from common.io import atomic_path, atomic_write_json, atomic_write_text, read_object
 from common.resume import changed_keys
 from common.run_dir import RunWriteError, describe_write_error
+
+from .config import FinetuneConfig
 
 RESUME = "resume"
 LATEST = "latest"
@@ -117,7 +120,8 @@ def find_resume_point(run_dir: Path) -> ResumePoint | None:
 def check_resume_point(point: ResumePoint, config: dict[str, Any], world_size: int) -> None:
     """Refuse (ResumeError, one message naming the keys or the file) a checkpoint written under another config or
     world size, or one whose files do not match their checksums: resuming it would not give the run it claims to."""
-    diffs = changed_keys(point.state["config"], config, IGNORED_KEYS)
+    stored = stored_tree(point.state["config"], FinetuneConfig)  # a run preempted under keys renamed since
+    diffs = changed_keys(stored, config, IGNORED_KEYS)
     fix = "rerun with the settings it was started with, pass --overwrite to discard it and start over, or use another "
     fix += "--output"
     if diffs:

@@ -25,13 +25,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 from common.config import (
+    RENAMED_KEYS,
     ConfigLayers,
     Findings,
     build,
+    config_root,
     leaf_keys,
     literal_choices,
     literal_problems,
     read_yaml_mapping,
+    rename_keys,
+    stored_tree,
+    warmup_problems,
 )
 from common.errors import ConfigError
 from common.io import atomic_write_json, read_object
@@ -141,7 +146,11 @@ class OptimConfig:
     lr: float = 2e-5
     exit_lr: float | None = field(default=DEFAULT_EXIT_LR, metadata={"parse": parse_exit_lr})  # None: optim.lr
     weight_decay: float = 0.01
-    warmup: float = 0.1  # a fraction of the phase's steps
+    # Linear warm-up, then linear decay to 0, per phase: `warmup_steps` steps, or `warmup_fraction` of the phase's
+    # steps (exclusive, as in pre-training). The default 10 % gives way when warmup_steps is set and no layer sets a
+    # fraction. (`optim.warmup` before; the old key is read as warmup_fraction until the next release.)
+    warmup_steps: int = 0
+    warmup_fraction: float | None = 0.1
     grad_clip: float = 1.0
 
 
@@ -149,7 +158,8 @@ class OptimConfig:
 class TrainConfig:
     seed: int = 42
     epochs: float = 3.0
-    max_steps: int | None = None  # per phase; overrides epochs
+    # steps per phase; overrides epochs (None: train.epochs). `train.max_steps` before (read until the next release).
+    train_steps: int | None = None
     batch_size: int = 32
     eval_batch_size: int = 64
     eval_every: int | None = None  # steps; None: at the end of every epoch
@@ -161,25 +171,14 @@ class TrainConfig:
     progress: bool = True
 
 
-@dataclass
-class FinetuneConfig:
-    """One run. Defaults: AdamW lr 2e-5, weight decay 0.01, dropout 0.1, 10 % warmup, λ 0.02, τ 0.5, gradient
-    equilibrium on (ElasticBERT's official code), exit heads at `DEFAULT_EXIT_LR` (a departure, see above)."""
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    method: MethodConfig = field(default_factory=MethodConfig)
-    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def value(self, key: str) -> Any:
-        """The value of a dotted key (`optim.lr`)."""
-        section, name = key.split(".", 1)
-        return getattr(getattr(self, section), name)
+class FinetuneConfig(
+    config_root("finetune", ModelConfig, DataConfig, MethodConfig, ObjectiveConfig, OptimConfig, TrainConfig)
+):
+    """One run: a section per component (model, data, method, objective, optim, train: the classes above,
+    `common.config.config_root`), `to_dict`, `value("optim.lr")`; its renamed keys are in
+    `common.config.RENAMED_KEYS["finetune"]`. Defaults: AdamW lr 2e-5, weight decay 0.01, dropout 0.1, 10 % warmup,
+    λ 0.02, τ 0.5, gradient equilibrium on (ElasticBERT's official code), exit heads at `DEFAULT_EXIT_LR` (a
+    departure, see above)."""
 
     def validate(
         self, num_labels: int | None = None, model_layers: int | None = None, max_positions: int | None = None
@@ -257,15 +256,24 @@ def flag(key: str) -> str:
     return "--" + FLAG_NAMES.get(key, key.rsplit(".", 1)[-1].replace("_", "-"))
 
 
+# Flags of renamed keys, accepted (with one deprecation line) until the next release: old key -> its help.
+DEPRECATED_FLAGS = {old: f"deprecated: use {flag(new)}" for old, new in RENAMED_KEYS["finetune"].items()}
+
+
 def spell(key: str) -> str:
     """A key as the user may have written it: `--lr (optim.lr)`, or the key alone where it has no flag."""
-    return f"{flag(key)} ({key})" if key in SHORTCUTS else key
+    return f"{flag(key)} ({key})" if key in SHORTCUTS or key in DEPRECATED_FLAGS else key
+
+
+def layers_of_config() -> ConfigLayers:
+    """An empty set of layers of `FinetuneConfig` (a deprecated or conflicting key named with its flag)."""
+    return ConfigLayers(FinetuneConfig, spell=spell)
 
 
 def flat_names() -> dict[str, str]:
     """Shortcut keys by their flat name: the flag's (`lr`, `data_dir`, `lambda`), also the field names of the flat
     run configs of earlier versions (`lam`, `deepspeed`)."""
-    names = {flag(key)[2:].replace("-", "_"): key for key in SHORTCUTS}
+    names = {flag(key)[2:].replace("-", "_"): key for key in (*SHORTCUTS, *DEPRECATED_FLAGS)}  # old: renamed on load
     return names | {"lam": "objective.lam", "deepspeed": "train.ds_config"}
 
 
@@ -291,7 +299,7 @@ def nest(values: Mapping[str, Any]) -> dict[str, Any]:
 def from_shortcuts(**values: Any) -> FinetuneConfig:
     """A config from flat shortcut names (`from_shortcuts(model=..., task=..., lr=1e-4, exits=[1, 2])`), read and
     checked as the command line's are; for tests and notebooks."""
-    layers = ConfigLayers(FinetuneConfig)
+    layers = layers_of_config()
     layers.add(nest({shortcut_key(name): value for name, value in values.items()}), "arguments")
     return finish(layers, "arguments")
 
@@ -351,23 +359,25 @@ def load_config_file(name_or_path: str) -> ConfigFile:
     in an entry for another method is found too."""
     path = config_path(name_or_path)
     raw = read_yaml_mapping(path)
-    values = {k: v for k, v in raw.items() if k not in FILE_META}
+    values = rename_keys({k: v for k, v in raw.items() if k not in FILE_META}, FinetuneConfig, str(path))
     problems = _tree_problems(values, path)
     by_method_raw = raw.get("by_method") or {}
     if not isinstance(by_method_raw, Mapping):
         raise ConfigError(f"{path}: by_method must map a method name to sections")
     methods = literal_choices(Method) or ()
+    by_method: dict[str, dict[str, Any]] = {}
     for method, entry in by_method_raw.items():
         if method not in methods:
             problems.append(f"{path}: by_method.{method}: not a method (expected one of {', '.join(methods)})")
         elif not isinstance(entry, Mapping):
             problems.append(f"{path}: by_method.{method}: expected sections such as train: {{epochs: 3}}")
         else:
-            problems += _tree_problems(entry, path, f"by_method.{method}")
+            by_method[method] = rename_keys(entry, FinetuneConfig, f"{path} by_method.{method}")
+            problems += _tree_problems(by_method[method], path, f"by_method.{method}")
     if problems:
         raise ConfigError(problems)
     name = str(raw.get("name") or path.stem)
-    return ConfigFile(name, path, str(raw.get("description") or ""), values, dict(by_method_raw))
+    return ConfigFile(name, path, str(raw.get("description") or ""), values, by_method)
 
 
 def _tree_problems(tree: Mapping[str, Any], path: Path, prefix: str = "") -> list[str]:
@@ -381,14 +391,13 @@ def resolve_config(
 ) -> tuple[FinetuneConfig, dict[str, str]]:
     """The run's config (defaults < environment < file < shortcut flags < --set) and the source of every value."""
     method = _method_after(file, shortcuts, overrides)
-    layers = ConfigLayers(FinetuneConfig)
+    layers = layers_of_config()
     for key, variable in ENVIRONMENT.items():
         if os.environ.get(variable):
             layers.add(nest({key: os.environ[variable]}), f"${variable}")
     if file is not None:
         layers.add(file.values_for(method), file.source)
-    for key, value in shortcuts.items():
-        layers.add(nest({key: value}), flag(key))
+    layers.add_each(shortcuts, flag)
     layers.add_overrides(overrides)
     cfg = finish(layers, "command line")
     return cfg, layers.source_of_every_key(cfg)
@@ -396,16 +405,19 @@ def resolve_config(
 
 def _method_after(file: ConfigFile | None, shortcuts: Mapping[str, Any], overrides: list[str]) -> str:
     """method.name as every layer but by_method resolves it (by_method is chosen by it)."""
-    layers = ConfigLayers(FinetuneConfig)
+    layers = layers_of_config()
     if file is not None:
         layers.add(file.values, "file")
-    layers.add(nest(shortcuts), "flags")
+    layers.add_each(shortcuts, flag)
     layers.add_overrides(overrides)
     return str(layers.value("method.name", MethodConfig.name))
 
 
 def finish(layers: ConfigLayers, source: str) -> FinetuneConfig:
-    """Build, then check meaning once every value has its type; every problem at once."""
+    """Build, then check meaning once every value has its type; every problem at once. A warm-up given in steps
+    where no layer gives a fraction replaces the default fraction (they are exclusive)."""
+    if layers.value("optim.warmup_steps") and not layers.written("optim.warmup_fraction"):
+        layers.add({"optim": {"warmup_fraction": None}}, f"{flag('optim.warmup_steps')} (the default fraction off)")
     cfg, found = layers.build()
     if found.types_sound:
         found.problems.extend(config_problems(cfg))
@@ -429,12 +441,11 @@ RANGES: tuple[tuple[tuple[str, ...], Any, str], ...] = (
         lambda v: v >= 1,
         ">= 1",
     ),
-    (("train.max_steps", "train.eval_every", "train.early_stopping_patience"), lambda v: v >= 1, ">= 1"),
+    (("train.train_steps", "train.eval_every", "train.early_stopping_patience"), lambda v: v >= 1, ">= 1"),
     (("data.max_train_examples", "data.max_dev_examples"), lambda v: v >= 1, ">= 1"),
     (("optim.weight_decay", "optim.grad_clip", "train.seed", "data.dev_subset_seed"), lambda v: v >= 0, ">= 0"),
     (("model.dropout",), lambda v: 0 <= v < 1, "within [0, 1)"),
     (("objective.lam", "objective.kd_weight", "data.max_unk_fraction"), lambda v: 0 <= v <= 1, "within [0, 1]"),
-    (("optim.warmup",), lambda v: 0 <= v < 1, "a fraction of the steps within [0, 1)"),
     (("objective.acl_grad_threshold",), lambda v: 0 < v <= 180, "an angle in degrees within (0, 180]"),
 )
 
@@ -464,6 +475,13 @@ def config_problems(cfg: FinetuneConfig) -> list[str]:
         problems.append(f"--mha-dim {cfg.model.mha_dim} is not a multiple of --mha-heads {cfg.model.mha_heads}")
     if cfg.objective.acl_grad_granularity == "exit" and cfg.objective.acl_grad_scope == "all":
         problems.append("--acl-grad-granularity exit needs --acl-grad-scope exit or representation")
+    o, t = cfg.optim, cfg.train
+    if isinstance(o.warmup_steps, int) and (o.warmup_fraction is None or isinstance(o.warmup_fraction, int | float)):
+        problems += warmup_problems(o.warmup_steps, o.warmup_fraction, spell)
+        if t.train_steps is not None and o.warmup_steps > t.train_steps:
+            problems.append(
+                f"{spell('optim.warmup_steps')} {o.warmup_steps} exceeds {spell('train.train_steps')} {t.train_steps}"
+            )
     return problems
 
 
@@ -482,7 +500,7 @@ def load_run_config(path: Path) -> FinetuneConfig:
     names = flat_names()
     tree = raw["config"] if "config" in raw else nest({names[k]: v for k, v in raw.items() if k in names})
     found = Findings()
-    cfg = build(FinetuneConfig, tree, "", found)
+    cfg = build(FinetuneConfig, stored_tree(tree, FinetuneConfig), "", found)
     if found.problems:
         raise ConfigError(found.problems, source=str(path))
     return cfg

@@ -18,10 +18,7 @@ length-sorted batches (little padding), a forward mapped over them, and the outp
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
-import os
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -33,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer, BertTokenizer, PreTrainedTokenizerBase
 
+from common.hub import TOKENIZER_FILES, tokenizer_files_in
+from common.io import read_object
 from common.vocab import (
     TokenizerIdentity,
     TokenizerIdentityError,
@@ -46,33 +45,9 @@ from common.vocab import (
 from .tasks import DataError, Example
 
 
-def default_data_dir() -> str | None:
-    """`--data-dir` when not given: $GLUE_DIR when set, else None (the Hugging Face hub)."""
-    return os.environ.get("GLUE_DIR") or None
-
-
-def add_data_dir(parser: argparse.ArgumentParser | Any) -> None:
-    """`--data-dir`, the same for every finetune command."""
-    parser.add_argument(
-        "--data-dir",
-        default=default_data_dir(),
-        help="GLUE/ELUE data root or one task's folder; hf:NAME reads GLUE from the Hugging Face hub "
-        "(default: $GLUE_DIR when set, else the hub)",
-    )
-
-
-TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json")
-
-
 def _read_json(path: Path) -> dict:
     """A small JSON file of a tokenizer/model directory ({} when absent); a broken one names the file."""
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise DataError(f"{path}: not valid JSON ({err})") from None
-    return data if isinstance(data, dict) else {}
+    return read_object(path, DataError, missing_ok=True)
 
 
 def tokenizer_kind(directory: Path) -> str:
@@ -97,7 +72,7 @@ def load_tokenizer(path: str | Path, type_vocab_size: int | None = None) -> PreT
     directory = Path(path)
     if not directory.is_dir():
         raise DataError(f"{directory}: tokenizer directory does not exist")
-    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+    if not tokenizer_files_in(directory):
         raise DataError(f"{directory}: no tokenizer files ({', '.join(TOKENIZER_FILES)})")
     paired_tokenizer(directory)  # a model directory's own tokenizer files must be what its config.json records
     kind = tokenizer_kind(directory)

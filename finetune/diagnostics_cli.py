@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import argparse
 
-from common.cli import add_command, add_max_examples, add_output
+from common.cli import add_command, add_data_dir, add_device, add_max_examples, add_output, call_with_options
 
-from .data import add_data_dir
 from .diagnostics import exit_embeddings
-from .model import add_device
 from .plots import plot_angles, plot_embeddings
 
 PLOT_ANGLES_HELP = "histogram/trace of CE vs contrastive gradient angles of a run"
@@ -48,15 +46,6 @@ def angles_main(args: argparse.Namespace) -> int:
 
 def embeddings_main(args: argparse.Namespace) -> int:
     """`python -m finetune plot-embeddings ...`"""
-    arrays = exit_embeddings(
-        args.model,
-        args.task,
-        args.data_dir,
-        args.layer,
-        args.split,
-        args.max_examples,
-        args.max_length,
-        device=args.device,
-    )
+    arrays = call_with_options(exit_embeddings, args, model_dir=args.model, task_name=args.task)
     print(f"wrote {plot_embeddings(arrays, args.output, args.method)}")
     return 0

@@ -43,7 +43,6 @@ Submission files (one directory per operating point, for the ELUE site) are writ
 from __future__ import annotations
 
 import csv
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import ConfigError
+from common.io import read_object
 
 from .early_exit.sweep import is_early_exit_result
 from .tasks import DataError, get_task
@@ -229,15 +229,6 @@ def _points_from_list(rows: object, where: str) -> Points:
     return out
 
 
-def _read_json(path: Path) -> object:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not UTF-8 text ({err})") from None
-    except json.JSONDecodeError as err:
-        raise DataError(f"{path}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None
-
-
 def _read_csv(path: Path) -> dict[str, dict[str, Points]]:
     systems: dict[str, dict[str, Points]] = {}
     try:
@@ -302,11 +293,9 @@ def read_curve_file(path: str | Path, role: str = "points") -> CurveFile:
     if path.suffix.lower() == ".csv":
         systems = _read_csv(path)
         return CurveFile(path, systems, " + ".join(systems), str(path), "points file")
-    data = _read_json(path)
+    data = read_object(path, DataError, "a JSON object (see `finetune elue-score --help` for the formats)")
     if is_early_exit_result(data):
         return _early_exit_curves(path, data, role)
-    if not isinstance(data, Mapping):
-        raise DataError(f"{path}: expected a JSON object (see `finetune elue-score --help` for the formats)")
     if "tasks" in data:
         tasks, name = data["tasks"], str(data.get("name") or path.stem)
         if not isinstance(tasks, Mapping):

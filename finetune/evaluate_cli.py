@@ -11,11 +11,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from common.cli import add_command, add_max_examples, add_output, add_switch
+from common.cli import (
+    add_command,
+    add_data_dir,
+    add_device,
+    add_max_examples,
+    add_output,
+    add_switch,
+    call_with_options,
+)
 
-from .data import add_data_dir
 from .evaluation import evaluate_model
-from .model import add_device
 
 EVALUATE_HELP = "per-exit dev scores (JSON + PNG curve) and GLUE/ELUE test prediction files"
 
@@ -39,21 +45,7 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """`python -m finetune evaluate ...`"""
-    result = evaluate_model(
-        args.model,
-        args.task,
-        args.data_dir,
-        args.output,
-        args.split,
-        args.test,
-        args.predict_exit,
-        args.all_exits,
-        args.batch_size,
-        args.max_length,
-        args.max_examples,
-        args.device,
-        args.overwrite,
-    )
+    result = call_with_options(evaluate_model, args, model_dir=args.model, task_name=args.task)
     for name, entry in result["tasks"].items():
         curve = ", ".join(f"L{k}: {v[entry['main_metric']]:.2f}" for k, v in entry["exits"].items())
         print(f"{name} {entry['split']} ({entry['examples']} examples) {entry['main_metric']} per exit: {curve}")

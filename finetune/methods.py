@@ -6,15 +6,17 @@
 - ALT (BERxiT): one phase; odd steps (1-based) train all exits, even steps the last exit only.
 A single exit (plain fine-tuning or static truncation) is JT with one exit.
 Each phase gets a fresh optimizer (`build_optimizer`: AdamW over what the phase trains) and schedule
-(`linear_schedule`).
+(`linear_schedule`); a DeepSpeed engine gets them as they are (`ds_config`: the JSON checked against them).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from common.ds_config import AUTO, DsFill
 from elasticbert import ElasticBertForSequenceClassification
 
 from .config import FinetuneConfig
@@ -78,9 +80,8 @@ def exit_weights(exits: tuple[int, ...], scheme: str) -> dict[int, float]:
     raise ValueError(f"unknown exit weighting {scheme!r}")
 
 
-def linear_schedule(optimizer: torch.optim.Optimizer, total: int, warmup: float) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warmup over `warmup`·total steps, then linear decay to 0 (BERT's schedule)."""
-    warm = int(round(warmup * total))
+def linear_schedule(optimizer: torch.optim.Optimizer, total: int, warm: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup over `warm` steps (`common.config.warmup_for`), then linear decay to 0 (BERT's schedule)."""
 
     def factor(step: int) -> float:
         if warm and step < warm:
@@ -108,3 +109,46 @@ def build_optimizer(model: ElasticBertForSequenceClassification, cfg: FinetuneCo
         for (is_head, no_decay), params in groups.items()
     ]
     return torch.optim.AdamW(param_groups, lr=cfg.optim.lr)
+
+
+# What `build_optimizer` makes, as DeepSpeed's optimizer section would say it (torch.optim.AdamW's betas and eps).
+ADAMW_BETAS = [0.9, 0.999]
+ADAMW_EPS = 1e-8
+
+
+def ds_config(raw: dict[str, Any], cfg: FinetuneConfig, world_size: int) -> dict[str, Any]:
+    """The DeepSpeed config of a fine-tuning run, under the policy pre-training follows (`common.ds_config`): the
+    batch and clipping fields filled from the run config (one optimizer step per batch), a disagreeing value refused,
+    no scheduler. The trainer builds its AdamW and schedule itself and hands them to the engine: a JSON `optimizer`
+    section is checked against that AdamW and dropped; one that asks for anything else is refused. Fine-tuning
+    trains in fp32: `bf16` / `fp16` sections left "auto" are filled disabled."""
+    fill = DsFill(raw)
+    t, o = cfg.train, cfg.optim
+    keys = ("train.batch_size × world size", "train.batch_size", "1 (fine-tuning steps every batch)")
+    fill.batch(t.batch_size * world_size, t.batch_size, 1, keys)
+    fill.fill(fill.ds, "", "gradient_clipping", float(o.grad_clip), "optim.grad_clip")
+    fill.refuse_scheduler()
+    adamw = "the trainer's torch.optim.AdamW"
+    if "optimizer" in fill.ds:
+        params = fill.optimizer(
+            "AdamW",
+            {
+                "lr": (float(o.lr), "optim.lr"),
+                "betas": (ADAMW_BETAS, adamw),
+                "eps": (ADAMW_EPS, adamw),
+                "weight_decay": (float(o.weight_decay), "optim.weight_decay"),
+                "torch_adam": (True, adamw),
+            },
+            "optim (fine-tuning builds AdamW)",
+        )
+        for name in sorted(set(params) - {"lr", "betas", "eps", "weight_decay", "torch_adam"}):
+            fill.problems.append(
+                f"optimizer.params.{name} in the DeepSpeed JSON {fill.source}: fine-tuning builds {adamw} from the "
+                "run config (optim.*) and cannot honour it; remove it"
+            )
+        fill.ds.pop("optimizer")  # checked: the engine gets the trainer's own optimizer
+    for section in ("bf16", "fp16"):
+        if isinstance(fill.ds.get(section), dict) and fill.ds[section].get("enabled") == AUTO:
+            fill.ds[section]["enabled"] = False
+    fill.ds.setdefault("steps_per_print", 10**9)
+    return fill.done()

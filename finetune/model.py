@@ -13,32 +13,23 @@ initialised) and from the checkpoint's own record (`trained_exits`; a classifier
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import safe_open
 from torch import nn
 
-from common.cli import config_argument
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
 from elasticbert import CheckpointError, ElasticBertForSequenceClassification, LoadReport, load_pretrained
 from elasticbert.loading import read_config
 
-from .config import FinetuneConfig, TrainConfig
+from .config import FinetuneConfig
 from .data import paired_tokenizer
 from .tasks import TaskSpec
-
-
-def add_device(parser: argparse.ArgumentParser | Any) -> None:
-    """`--device auto|cpu|cuda`, the same for every command that runs a model (choices and default: the config's
-    train.device)."""
-    config_argument(parser, TrainConfig, "device", help="where the model runs (auto: CUDA when available)")
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from common.io import atomic_path, make_dirs, read_object
+from elasticbert.exit_setting import rule_names
 
-from .early_exit.rules import STRATEGIES
 from .tasks import DataError, TaskSpec
 
 
@@ -178,7 +178,7 @@ def _pareto_panel(ax: object, results: dict) -> None:
             label="static (per exit layer)",
             markersize=4,
         )
-    markers = dict(zip(STRATEGIES, "sD^vP"))
+    markers = dict(zip(rule_names(swept=True), "sD^vPX*"))  # the rule table's order: entropy s, maxprob D, ...
     for name, entry in results.get("strategies", {}).items():
         pts = sorted(entry["points"], key=lambda p: p["mean_flops"])
         ax.plot(

@@ -16,10 +16,12 @@ carried one. Inputs go through the early-exit engine in length-sorted batches (s
 and come back in input order: the same batches, rule and engine as `finetune early-exit`, so the predictions equal
 its per-sample records on the same rows.
 
-The rule: `strategy`/`threshold` (entropy, maxprob, patience, pcee, lte with `lte_head`, or static = the full model),
-or `operating_point="RESULT.json:fastest-within=1.0"` (see `early_exit.operating_point`), else the setting saved in
+The rule - one `elasticbert.EarlyExitSetting`, a rule of the table `elasticbert.exit_setting.RULES` at a threshold:
+`strategy`/`threshold` (entropy, maxprob, patience, pcee, lte with `lte_head`, or static = the full model), or
+`operating_point="RESULT.json:fastest-within=1.0"` (see `early_exit.operating_point`), else the setting saved in
 the model's config (`elasticbert.save_early_exit`; what `pipeline("text-classification")` runs), else the full
-model. The `predict` command (`predict_cli.py`) is this class on files and stdin.
+model. `EarlyExitClassifier(model, tokenizer, setting)` takes the setting itself. The `predict` command
+(`predict_cli.py`) is this class on files and stdin.
 
 Every input gets its own verdict before it is classified (`verdicts`): one the model cannot read - nothing visible
 (`empty`), punctuation only (`no-words`), mostly characters its vocabulary does not know (`unknown-text`: no more than
@@ -30,10 +32,9 @@ Every input gets its own verdict before it is classified (`verdicts`): one the m
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -42,15 +43,15 @@ from common.errors import ConfigError
 from common.hub import resolve_pretrained
 from common.vocab import DEFAULT_MAX_UNK_FRACTION
 from elasticbert import EarlyExitSetting, ElasticBertForSequenceClassification
+from elasticbert.early_exit import EarlyExitResult, ExitRule, per_sample_flops, rule_for
 from elasticbert.loading import read_config
 from elasticbert.precision import for_inference, precision_problem
 
 from .config import load_run_config
 from .data import UNK_MIN_TOKENS, EncodedSplit, check_vocabulary_fits, load_tokenizer, unk_counts, unk_refusal
-from .early_exit.engine import EarlyExitResult, per_sample_flops, run_dataset
+from .early_exit.engine import run_dataset
 from .early_exit.lte import LearnedExitHead
-from .early_exit.operating_point import OperatingPoint, choose_operating_point
-from .early_exit.rules import PREDICT_STRATEGIES, check_strategy, make_rule, threshold_problem
+from .early_exit.operating_point import OperatingPoint, chosen_setting, run_precision
 from .inputs import TextInput
 from .model import check_max_length, load_finetuned, model_device, resolve_device
 from .task_check import check_task_fits, model_task
@@ -67,11 +68,8 @@ class EarlyExitClassifier:
         self,
         model: ElasticBertForSequenceClassification,
         tokenizer: object,
-        strategy: str = "static",
-        threshold: float | None = None,
+        setting: EarlyExitSetting | ExitRule | None = None,
         *,
-        patience: int = 2,
-        delta: float = 0.1,
         lte_head: LearnedExitHead | None = None,
         max_length: int = 128,
         batch_size: int = 32,
@@ -80,6 +78,7 @@ class EarlyExitClassifier:
         precision: str = "fp32",
         min_readable_share: float = DEFAULT_MIN_READABLE_SHARE,
     ) -> None:
+        """`setting`: the rule's (default: static, the full model), or the rule `rule_for` made of one."""
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         if not 0.0 <= max_unk_fraction <= 1.0:
@@ -94,11 +93,11 @@ class EarlyExitClassifier:
         self.model, self.tokenizer = for_inference(model, precision), tokenizer
         self.precision = precision
         self.max_unk_fraction, self.unk_seen = max_unk_fraction, [0, 0]  # [UNK] and text tokens of all inputs
-        self.rule = make_rule(strategy, threshold, model.config.num_labels, patience, delta, lte_head=lte_head)
-        self.strategy, self.threshold, self.patience, self.delta = strategy, threshold, patience, delta
-        self.lte_dim = lte_head.linear.in_features if strategy == "lte" and lte_head is not None else 0
+        if not isinstance(setting, ExitRule):
+            setting = rule_for(setting or EarlyExitSetting("static"), model.config.num_labels, lte_head=lte_head)
+        self.rule, self.setting = setting, setting.setting
         self.max_length, self.batch_size, self.task = max_length, batch_size, task
-        self.description = _describe(self.setting)
+        self.description = self.setting.describe()
         check_max_length(model, max_length, getattr(model, "name_or_path", "model"))
 
     @classmethod
@@ -121,46 +120,43 @@ class EarlyExitClassifier:
     ) -> EarlyExitClassifier:
         """A fine-tuned model directory (RUN/best) or hub name, with the rule chosen as the module docstring says;
         `max_length` defaults to the operating point's, else the training run's (RUN/run_config.json), else 128;
-        `precision` to the operating point's or saved setting's (what its threshold was chosen at), else fp32."""
+        `precision` to the operating point's or saved setting's (what its threshold was chosen at), else fp32. The
+        setting is checked once, as its rule is made, before the model loads."""
         place = resolve_device(device)
         directory = resolve_pretrained(path, what="--model")
-        point = _operating_point(operating_point, strategy, threshold)
-        setting = _setting(directory, point, strategy, threshold, patience, delta)
-        calibrated = setting.pop("precision", None)  # None: a threshold given by hand
-        precision = _precision(precision, calibrated, setting["strategy"], place)
-        recorded_head = setting.pop("lte_head", None)
-        head = lte_head if lte_head is not None else recorded_head
-        if setting["strategy"] == "lte" and head is None:
-            raise ConfigError("strategy 'lte' needs a trained LearnedExitHead (--lte-head FILE, or the sweep's)")
-        if isinstance(head, str | Path):
-            head = LearnedExitHead.load(head)
-        model = _load(directory, full_model_only=setting["strategy"] == "static").to(place)
-        task = _task_of(model, point, directory)
+        config = read_config(directory)
+        head_file = str(lte_head) if isinstance(lte_head, str | Path) else None
+        overrides = {"patience": patience, "delta": delta}
+        setting, point = chosen_setting(operating_point, strategy, threshold, lte_head=head_file, **overrides)
+        saved = setting is None
+        if saved:
+            where = f"{directory / 'config.json'}: early_exit"
+            setting = EarlyExitSetting.from_dict(config.get("early_exit") or {"strategy": "static"}, source=where)
+            setting = replace(setting, **{k: v for k, v in overrides.items() if v is not None})
+        run_at = run_precision(precision, setting.precision if point or saved else None, setting.strategy)
+        if problem := precision_problem(run_at, place):
+            raise ConfigError(problem)
+        head = None if head_file else lte_head
+        rule = rule_for(setting, len(config.get("id2label") or {}) or config.get("num_labels", 2), lte_head=head)
+        model = _load(directory, full_model_only=not rule.can_fire).to(place)
         length = max_length or (point.max_length if point else None) or trained_max_length(directory)
         classifier = cls(
             model,
             load_tokenizer(directory),
-            **setting,
-            lte_head=head,
+            rule,
             max_length=length,
             batch_size=batch_size,
-            task=task,
+            task=_task_of(model, point, directory),
             max_unk_fraction=max_unk_fraction,
-            precision=precision,
+            precision=run_at,
             min_readable_share=min_readable_share,
         )
-        classifier.description = _describe(classifier.setting, point, strategy, threshold) + f"; {precision}"
+        if point is not None:
+            classifier.description = point.describe()
+        elif saved and setting.strategy != "static":
+            classifier.description += ", the model's saved setting"
+        classifier.description += f"; {run_at}"
         return classifier
-
-    @property
-    def setting(self) -> dict:
-        """The rule this classifier runs (strategy, threshold and the parameter the rule reads)."""
-        out: dict = {"strategy": self.strategy, "threshold": self.threshold}
-        if self.strategy == "pcee":
-            out["patience"] = self.patience
-        if self.strategy == "patience":
-            out["delta"] = self.delta
-        return out
 
     @property
     def device(self) -> torch.device:
@@ -208,7 +204,7 @@ class EarlyExitClassifier:
                 split = split.select(torch.tensor(rows)) if len(rows) < len(readable) else split
                 self._check_unk(split)
                 result, _ = run_dataset(self.model, split.batches(self.batch_size, device=self.device), self.rule)
-                flops, _ = per_sample_flops(self.model.config, result, self.lte_dim)
+                flops, _ = per_sample_flops(self.model.config, result, self.rule.head_width)
                 for kept, row in enumerate(rows):
                     item = inputs[readable[row]]
                     records[readable[row]] = self._record(result, kept, float(flops[kept]), item.id)
@@ -255,21 +251,6 @@ class EarlyExitClassifier:
             raise DataError(f"{wrong.where}: {given}, but the model was fine-tuned on {self.task.name} ({wanted})")
 
 
-def _describe(
-    setting: dict,
-    point: OperatingPoint | None = None,
-    strategy: str | None = None,
-    threshold: float | None = None,
-) -> str:
-    """Which rule runs, and where it came from (for the log)."""
-    if point is not None:
-        return point.describe()
-    rule = "static (the full model)" if setting["strategy"] == "static" else json.dumps(setting)
-    if strategy is None and threshold is None:
-        return f"{rule}, the model's saved setting" if setting["strategy"] != "static" else rule
-    return rule
-
-
 def _judged(item: TextInput, judge: Callable[[str, str], Verdict | None]) -> Verdict | None:
     """`judge`'s verdict on an input: its text, or each text of a pair (the reason names which)."""
     if item.text_b is None:
@@ -290,65 +271,6 @@ def _as_input(text: Input, i: int) -> TextInput:
     if not all(part.strip() for part in parts):
         raise DataError(f"{where}: an empty text")
     return TextInput(parts[0], parts[1] if len(parts) == 2 else None, where)
-
-
-def _operating_point(
-    point: str | OperatingPoint | None, strategy: str | None, threshold: float | None
-) -> OperatingPoint | None:
-    if point is None:
-        return None
-    if threshold is not None:
-        raise ConfigError("--operating-point chooses the threshold: pass it or --threshold, not both")
-    return point if isinstance(point, OperatingPoint) else choose_operating_point(point, strategy)
-
-
-def _setting(
-    directory: Path,
-    point: OperatingPoint | None,
-    strategy: str | None,
-    threshold: float | None,
-    patience: int | None,
-    delta: float | None,
-) -> dict:
-    """The rule's keyword arguments: the operating point's, else the given strategy's, else the config's saved
-    setting, else the full model; `patience` / `delta` override."""
-    if point is not None:
-        base = {"strategy": point.strategy, "threshold": point.threshold, "patience": point.patience}
-        base.update(delta=point.delta, lte_head=point.lte_head, precision=point.precision)
-    elif strategy is not None:
-        base = {"strategy": strategy, "threshold": threshold}
-    elif threshold is not None:
-        raise ConfigError("--threshold needs --strategy (each strategy has its own threshold scale)")
-    else:
-        saved = read_config(directory).get("early_exit") or {"strategy": "static"}
-        base = asdict(EarlyExitSetting.from_dict(saved, source=f"{directory / 'config.json'}: early_exit"))
-    if base["strategy"] == "static":
-        if base.get("threshold") is not None:
-            raise ConfigError("strategy 'static' (the full model) takes no threshold")
-    elif base.get("threshold") is None:
-        raise ConfigError(f"strategy {base['strategy']!r} needs --threshold (or --operating-point RESULT.json:RULE)")
-    for key, value in (("patience", patience), ("delta", delta)):
-        if value is not None:
-            base[key] = value
-    check_strategy(base["strategy"], 2, PREDICT_STRATEGIES)  # the model-dependent checks follow once it loads
-    if base["threshold"] is not None and (problem := threshold_problem(base["strategy"], base["threshold"])):
-        raise ConfigError(problem)
-    return base
-
-
-def _precision(asked: str | None, calibrated: str | None, strategy: str, device: torch.device) -> str:
-    """The precision to run: the one asked for, else the one the threshold was chosen at, else fp32. A threshold
-    chosen at one precision and run at another is refused (its accuracy was measured on other logits)."""
-    precision = asked or calibrated or "fp32"
-    if problem := precision_problem(precision, device):
-        raise ConfigError(problem)
-    if asked is not None and calibrated is not None and asked != calibrated and strategy != "static":
-        raise ConfigError(
-            f"precision {asked}: this {strategy} threshold was chosen at {calibrated}; sweep at {asked} "
-            f"(early-exit --precision {asked}) for a threshold whose accuracy holds there, or pass --precision "
-            f"{calibrated}"
-        )
-    return precision
 
 
 def _load(directory: Path, full_model_only: bool) -> ElasticBertForSequenceClassification:

@@ -19,16 +19,16 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import BinaryIO
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from common.cli import add_command, add_output, config_argument
+from common.cli import add_command, add_device, add_output, add_threads, config_argument
 from common.errors import ConfigError
 from common.io import atomic_path, make_dirs, removed_on_failure, write_all
 from common.vocab import DEFAULT_MAX_UNK_FRACTION
@@ -36,25 +36,25 @@ from elasticbert import save_early_exit
 from elasticbert.flops import sample_flops
 from elasticbert.precision import Precision
 
-from .early_exit.operating_point import choose_operating_point
+from .early_exit.operating_point import chosen_setting, run_precision
 from .early_exit.rules import PREDICT_STRATEGIES
 from .inputs import STDIN, InputFormat, LineParser, TextInput, arriving_batches, read_inputs, resolve_format
-from .model import add_device, resolve_device
+from .model import resolve_device
 from .predict import EarlyExitClassifier
 from .tasks import DataError
 from .verdicts import DEFAULT_MIN_READABLE_SHARE
 
-PredictStrategy = Literal["entropy", "maxprob", "patience", "pcee", "lte", "static"]
 CHUNK = 4096  # inputs of a file classified (and written) at a time: length-sorted within, memory bounded
 
 
 @dataclass
 class PredictConfig:
-    """The `predict` options' defaults and choices (the rule's are `EarlyExitClassifier.from_pretrained`'s)."""
+    """The `predict` options' defaults (the rule's: `EarlyExitClassifier.from_pretrained`'s; its choices: the rule
+    table's, `elasticbert.exit_setting.RULES`). The options only: the setting they name is an `EarlyExitSetting`."""
 
     input: str = "-"
     format: InputFormat = "auto"
-    strategy: PredictStrategy | None = None
+    strategy: str | None = None
     threshold: float | None = None
     operating_point: str | None = None
     patience: int | None = None
@@ -65,7 +65,6 @@ class PredictConfig:
     max_length: int | None = None
     max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION
     min_readable_share: float = DEFAULT_MIN_READABLE_SHARE
-    threads: int | None = None
     progress: bool = True
     overwrite: bool = False
 
@@ -110,7 +109,7 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
         "vocabulary (else: flag unknown-text; 0: any input with one readable character)",
     )
     add_device(p)
-    option("threads", help="torch intra-op threads")
+    add_threads(p)
     option("progress", help="progress bar for files (stderr)")
 
     p = add_command(
@@ -126,28 +125,26 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _rule_arguments(p: argparse.ArgumentParser, lte: bool = True) -> None:
-    option = partial(config_argument, p, PredictConfig)
-    option("strategy", help="exit rule (static: the full model; default: the model's saved setting, else static)")
-    option("threshold", help="the rule's threshold τ (patience: k exits)")
-    option(
-        "operating_point",
-        metavar="RESULT.json[:RULE]",
-        help="a point of an early-exit sweep: fastest-within=D (default, D=1.0), best, or STRATEGY=THRESHOLD",
-    )
-    option("patience", help="PCEE: consecutive confident exits needed (default: the point's, else 2)")
-    option("delta", help="PABEE on regression: |Δ| below this counts as unchanged (default: the point's, else 0.1)")
-    option(
-        "precision",
-        help="inference precision (int8: dynamic quantization, CPU; default: the operating point's or saved "
+    helps = {
+        "strategy": "exit rule (static: the full model; default: the model's saved setting, else static)",
+        "threshold": "the rule's threshold τ (patience: k exits)",
+        "operating_point": "a point of an early-exit sweep: fastest-within=D (default, D=1.0), best, or "
+        "STRATEGY=THRESHOLD",
+        "patience": "PCEE: consecutive confident exits needed (default: the point's, else 2)",
+        "delta": "PABEE on regression: |Δ| below this counts as unchanged (default: the point's, else 0.1)",
+        "precision": "inference precision (int8: dynamic quantization, CPU; default: the operating point's or saved "
         "setting's, else fp32)",
-    )
-    if lte:
-        option("lte_head", help="LTE head file for --strategy lte (default: the operating point's)")
+        "lte_head": "LTE head file for --strategy lte (default: the operating point's)",
+    }
+    extra = {"strategy": {"choices": PREDICT_STRATEGIES}, "operating_point": {"metavar": "RESULT.json[:RULE]"}}
+    for name, text in helps.items():
+        if lte or name != "lte_head":
+            config_argument(p, PredictConfig, name, help=text, **extra.get(name, {}))
 
 
 def option_problems(args: argparse.Namespace) -> list[str]:
     """The numeric options outside their ranges, checked before anything loads."""
-    lows = {"batch_size": 1, "max_length": 1, "threads": 1, "patience": 1, "delta": 0}
+    lows = {"batch_size": 1, "max_length": 1, "threads": 1}
     return [
         f"--{name.replace('_', '-')} must be >= {low}, got {value}"
         for name, low in lows.items()
@@ -316,31 +313,14 @@ def save_main(args: argparse.Namespace) -> int:
         save_early_exit(args.model, None)
         print(f"{args.model}: early-exit setting removed (every exit runs)")
         return 0
-    if args.operating_point:
-        if args.threshold is not None:
-            raise ConfigError("--operating-point chooses the threshold: pass it or --threshold, not both")
-        point = choose_operating_point(args.operating_point, args.strategy)
-        print(f"operating point: {point.describe()}", file=sys.stderr)
-        strategy, threshold, patience, delta = point.strategy, point.threshold, point.patience, point.delta
-        precision = point.precision
-        if args.precision is not None and args.precision != precision:
-            raise ConfigError(
-                f"--precision {args.precision}: the operating point's threshold was chosen at {precision}; sweep at "
-                f"{args.precision} (early-exit --precision {args.precision}) for a threshold that holds there"
-            )
-    elif args.strategy:
-        strategy, threshold, patience, delta = args.strategy, args.threshold, 2, 0.1
-        precision = args.precision or "fp32"
-    else:
+    setting, point = chosen_setting(
+        args.operating_point, args.strategy, args.threshold, patience=args.patience, delta=args.delta
+    )
+    if setting is None:
         raise ConfigError("pass --strategy (with --threshold), --operating-point RESULT.json[:RULE], or --clear")
-    if strategy == "lte":
-        raise ConfigError(
-            "a config can carry only the rules that need no side model ("
-            + ", ".join(s for s in PREDICT_STRATEGIES if s != "lte")
-            + "); LTE needs its head file: use predict --strategy lte --lte-head FILE"
-        )
-    patience = args.patience if args.patience is not None else patience
-    delta = args.delta if args.delta is not None else delta
-    setting = save_early_exit(args.model, strategy, threshold, patience=patience, delta=delta, precision=precision)
+    if point is not None:
+        print(f"operating point: {point.describe()}", file=sys.stderr)
+    precision = run_precision(args.precision, point and setting.precision, setting.strategy)
+    setting = save_early_exit(args.model, replace(setting, precision=precision))
     print(f"{Path(args.model) / 'config.json'}: early_exit = {json.dumps(setting)}")
     return 0

@@ -39,18 +39,21 @@ import numpy as np
 
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
-from common.io import atomic_write_json, atomic_write_text, make_dirs, removed_on_failure
+from common.io import atomic_write_json, atomic_write_text, make_dirs, read_object, removed_on_failure
 from elasticbert import ElasticBertForSequenceClassification
+from elasticbert.early_exit import make_rule
+from elasticbert.exit_setting import degenerate_problem
 
 from . import elue_modules
 from .data import Batch, EncodedSplit, load_tokenizer
 from .early_exit.engine import exit_histogram, per_sample_flops, run_dataset
 from .early_exit.lte import LearnedExitHead
-from .early_exit.rules import degenerate_problem, make_rule
 from .early_exit.sweep import is_early_exit_result
 from .model import check_max_length, load_finetuned, resolve_device
 from .task_check import check_task_fits
 from .tasks import DataError, TaskSpec, get_task, load_split
+
+SUBMISSION_JSON = "a submission.json written by `finetune submission` (a JSON object)"
 
 
 def activation_trace(
@@ -117,7 +120,7 @@ def write_submission(
         atomic_write_text(path, text)
     if meta is not None:
         meta_path = directory / "submission.json"
-        existing = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+        existing = read_object(meta_path, DataError, SUBMISSION_JSON, missing_ok=True)
         existing[name] = dict(meta)
         atomic_write_json(meta_path, existing, indent=1)
         paths.append(meta_path)
@@ -206,7 +209,7 @@ class TestRun:
             lte_head=head,
         )
         result, _ = run_dataset(self.model, self.batches, rule)
-        flops, _ = per_sample_flops(self.model.config, result, head.linear.in_features if name == "lte" else 0)
+        flops, _ = per_sample_flops(self.model.config, result, rule.head_width)
         meta = {
             "identity": {"early_exit": self.results.get("identity") or self.results["model"], "split": self.split_name},
             "model": self.results["model"],
@@ -285,10 +288,7 @@ def _claim_task(directory: Path, task: str, identity: dict, overwrite: bool) -> 
     key in each point directory's submission.json) that another result wrote in `directory`."""
     others = []
     for meta_path in sorted(directory.glob("*/submission.json")):
-        try:
-            entry = json.loads(meta_path.read_text(encoding="utf-8")).get(task)
-        except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-            raise DataError(f"{meta_path}: not a submission.json written by `finetune submission`") from None
+        entry = read_object(meta_path, DataError, SUBMISSION_JSON).get(task)
         if entry is not None and entry.get("identity") != identity:
             others.append(meta_path)
     if not others:
@@ -300,7 +300,7 @@ def _claim_task(directory: Path, task: str, identity: dict, overwrite: bool) -> 
             "another --output, or --overwrite to replace them"
         )
     for meta_path in others:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta = read_object(meta_path, DataError, SUBMISSION_JSON)
         meta.pop(task)
         for suffix in (".tsv", "_modules.tsv", "_exit_layer.tsv"):
             (meta_path.parent / f"{task}{suffix}").unlink(missing_ok=True)

@@ -6,11 +6,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from common.cli import add_command, add_output, add_switch
+from common.cli import add_command, add_device, add_output, add_switch
 
 from . import submission
 from .early_exit.operating_point import load_result
-from .model import add_device
 from .submission import write_submissions_for_results
 
 SUBMISSION_HELP = "ELUE submission files: re-run each operating point of an early-exit result on the test split"

@@ -12,9 +12,18 @@ import json
 import sys
 
 from common.cli import add_command, add_output, add_switch, config_argument, given_config_keys
+from common.config import RENAMED_KEYS
 from common.preemption import Preempted
 
-from .config import FinetuneConfig, flag, load_config_file, parse_exit_lr, recipe_names, resolve_config
+from .config import (
+    DEPRECATED_FLAGS,
+    FinetuneConfig,
+    flag,
+    load_config_file,
+    parse_exit_lr,
+    recipe_names,
+    resolve_config,
+)
 from .trainer import run_training
 
 EPILOG = """examples:
@@ -47,6 +56,10 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
             config_argument(
                 group, FinetuneConfig, key, flag(key), shortcut=True, help=help, **ARGPARSE_EXTRA.get(key, {})
             )
+    old = p.add_argument_group("renamed (accepted until the next release, with a deprecation line)")
+    for key, new in RENAMED_KEYS["finetune"].items():  # typed as the new key; the old key as dest, renamed on load
+        config_argument(old, FinetuneConfig, new, flag(key), shortcut=True, help=DEPRECATED_FLAGS[key], dest=key,
+                        **ARGPARSE_EXTRA.get(new, {}))  # fmt: skip
 
 
 def _run_arguments(g: argparse._ArgumentGroup) -> None:
@@ -64,7 +77,7 @@ def _run_arguments(g: argparse._ArgumentGroup) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="set any config key, e.g. --set optim.warmup=0.06 (repeatable; values parsed as YAML)",
+        help="set any config key, e.g. --set optim.warmup_fraction=0.06 (repeatable; values parsed as YAML)",
     )
     add_output(
         g,
@@ -127,13 +140,15 @@ OPTIONS: dict[str, tuple[tuple[str, str], ...]] = {
         ("optim.exit_lr", "learning rate of the exit heads, or 'same' for --lr (the papers'); the default departs "
          "from the papers so that fresh (MHA) exits learn in short runs"),
         ("optim.weight_decay", "AdamW weight decay (none on biases and LayerNorm)"),
-        ("optim.warmup", "linear warmup, as a fraction of the phase's steps"),
+        ("optim.warmup_fraction", "linear warm-up over this fraction of the phase's steps ('null' with "
+         "--warmup-steps)"),
+        ("optim.warmup_steps", "linear warm-up over this many steps of each phase (instead of --warmup-fraction)"),
         ("optim.grad_clip", "gradient-norm clip (0: off)"),
     ),
     "training": (
         ("train.seed", "seed of the exit heads, dropout, data order and training subset"),
         ("train.epochs", "epochs per phase"),
-        ("train.max_steps", "steps per phase (overrides --epochs)"),
+        ("train.train_steps", "steps per phase (overrides --epochs)"),
         ("train.batch_size", "training batch size"),
         ("train.eval_batch_size", "dev batch size"),
         ("train.eval_every", "evaluate every N steps (default: every epoch)"),
@@ -155,9 +170,20 @@ def _exit_lr(text: str) -> float | None:
         raise argparse.ArgumentTypeError(f"expected a number or 'same', got {text!r}") from None
 
 
+def _fraction(text: str) -> float | None:
+    """`--warmup-fraction`: a number, or 'null' / 'none' (a warm-up in --warmup-steps instead)."""
+    if text.strip().lower() in ("null", "none"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'null', got {text!r}") from None
+
+
 ARGPARSE_EXTRA: dict[str, dict] = {
     "model.exits": {"nargs": "?", "const": "all", "type": str},
     "optim.exit_lr": {"type": _exit_lr},
+    "optim.warmup_fraction": {"type": _fraction},
     "data.max_train_examples": {"metavar": "N"},
     "data.max_dev_examples": {"metavar": "N"},
 }

@@ -32,11 +32,13 @@ import torch
 from safetensors import SafetensorError
 from tqdm.auto import tqdm
 
+from common.config import warmup_for
 from common.dist import resolve_env, stop_with_launcher
+from common.ds_config import load_ds_json
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
 from common.integrity import seal
-from common.io import atomic_path, atomic_write_json, read_object
+from common.io import atomic_path, atomic_write_json
 from common.preemption import Preempted, PreemptionFlag
 from common.run_dir import RunWriteError
 from elasticbert import ElasticBertForSequenceClassification, LoadReport
@@ -69,6 +71,7 @@ from .data import (
 )
 from .evaluation import per_exit_scores, predict_exits
 from .methods import Phase, build_optimizer, build_phases, linear_schedule
+from .methods import ds_config as finetune_ds_config
 from .model import (
     backbone_modules,
     build_model,
@@ -259,13 +262,14 @@ class Trainer:
         steps_per_epoch = max(1, math.ceil(len(self.train_examples) / (cfg.train.batch_size * self.world)))
         epochs = cfg.value(phase.epochs_key)
         epochs = cfg.train.epochs if epochs is None else epochs
-        return cfg.train.max_steps or max(1, int(math.ceil(epochs * steps_per_epoch))), steps_per_epoch
+        return cfg.train.train_steps or max(1, int(math.ceil(epochs * steps_per_epoch))), steps_per_epoch
 
     def start_phase(self, phase: Phase, total: int) -> tuple[torch.optim.Optimizer, object]:
         """Freeze what the phase freezes, then a fresh optimizer and schedule over what stays trainable."""
         set_frozen(self.frozen_modules(phase), True)
         optimizer = build_optimizer(self.model, self.cfg)
-        scheduler = linear_schedule(optimizer, total, self.cfg.optim.warmup)
+        o = self.cfg.optim
+        scheduler = linear_schedule(optimizer, total, warmup_for(o.warmup_steps, o.warmup_fraction, total))
         if self.cfg.train.ds_config:
             self.engine, optimizer, scheduler = self._deepspeed(optimizer, scheduler)
         self.best = None
@@ -553,23 +557,12 @@ class Trainer:
         """Wrap model/optimizer/schedule in a DeepSpeed engine (single process needs no launcher)."""
         import deepspeed
 
-        resolve_env()  # exports RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT (rank 0 of 1 without a launcher)
-        ds_config = read_deepspeed_config(self.cfg.train.ds_config)
-        ds_config["train_micro_batch_size_per_gpu"] = self.cfg.train.batch_size
-        ds_config.pop("train_batch_size", None)
-        ds_config["gradient_accumulation_steps"] = 1
-        ds_config["gradient_clipping"] = self.cfg.optim.grad_clip
-        ds_config.pop("optimizer", None)
-        ds_config.pop("scheduler", None)
+        env = resolve_env()  # exports RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT (rank 0 of 1 without a launcher)
+        ds_config = finetune_ds_config(load_ds_json(self.cfg.train.ds_config), self.cfg, env.world_size)
         engine, optimizer, _, scheduler = deepspeed.initialize(
             model=self.model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
         )
         return engine, optimizer, scheduler
-
-
-def read_deepspeed_config(path: str) -> dict:
-    """`--ds-config FILE` as a dict; a missing or malformed file names itself."""
-    return read_object(path, ConfigError, "a JSON object", hint="the DeepSpeed config (--ds-config, train.ds_config)")
 
 
 def run_training(
@@ -602,9 +595,9 @@ def _run_training(
 ) -> dict:
     task = get_task(cfg.data.task)
     cfg.validate(task.num_labels)
-    if cfg.train.ds_config:
-        read_deepspeed_config(cfg.train.ds_config)
     env = resolve_env(export=False)
+    if cfg.train.ds_config:  # refused before anything loads: a missing file, or a value the run config disagrees with
+        finetune_ds_config(load_ds_json(cfg.train.ds_config), cfg, env.world_size)
     refuse_ranks_without_deepspeed(env.world_size, env.launcher, cfg.train.ds_config)
     device = resolve_device(cfg.train.device, env.local_rank)  # no GPU for `--device cuda`: refused before loading
     rank0 = env.rank == 0

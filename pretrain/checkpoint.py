@@ -23,11 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.config import stored_tree
 from common.errors import UserError
 from common.integrity import CHECKSUMS, hash_files, list_files, verify_share, write_checksums
 from common.io import atomic_path, atomic_write_text, read_object
 from common.resume import config_differences
 from common.vocab import TokenizerIdentity, TokenizerIdentityError, check_same_tokenizer, identity_of, model_identity
+
+from .config import RunConfig
 
 CLIENT_STATE = "client_state.json"
 LATEST = "latest"
@@ -146,7 +149,7 @@ def check_compatible(point: ResumePoint, config_hash: str, config: dict[str, Any
     """
     if point.state.get("config_hash") == config_hash:
         return []
-    old = point.state.get("config", {})
+    old = stored_tree(point.state.get("config", {}), RunConfig)  # an earlier release's keys under today's names
     diffs = config_differences(old, config)
     relevant = [d for d in diffs if not d.split(":")[0].startswith(("logging.", "checkpoint.", "eval."))]
     if not force:

@@ -9,7 +9,6 @@ component at a time.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -19,7 +18,16 @@ from typing import Any, Literal
 
 import yaml
 
-from common.config import ConfigLayers, Findings, build, read_yaml_mapping
+from common.config import (
+    ConfigLayers,
+    Findings,
+    build,
+    config_root,
+    read_yaml_mapping,
+    stored_tree,
+    warmup_for,
+    warmup_problems,
+)
 from common.errors import ConfigError
 from common.io import atomic_write_text
 
@@ -78,7 +86,7 @@ class CorpusConfig:
 @dataclass
 class DataConfig:
     corpora: list[CorpusConfig] = field(default_factory=list)
-    max_seq_len: int = 512
+    max_length: int = 512  # tokens per sample (data.max_seq_len before; the old key is read until the next release)
     short_seq_prob: float = 0.1
     masked_lm_prob: float = 0.15
     max_ngram: int = 3
@@ -128,10 +136,9 @@ class OptimConfig:
         return "deepspeed" if self.name == "lamb" else "torch"
 
     def warmup_for(self, train_steps: int) -> int:
-        """Warm-up steps: `warmup_fraction` of the schedule when set, else `warmup_steps`."""
-        if self.warmup_fraction is not None:
-            return round(self.warmup_fraction * train_steps)
-        return self.warmup_steps
+        """Warm-up steps: `warmup_fraction` of the schedule when set, else `warmup_steps` (`common.config`, the rule
+        fine-tuning follows too)."""
+        return warmup_for(self.warmup_steps, self.warmup_fraction, train_steps)
 
 
 @dataclass
@@ -184,19 +191,15 @@ class LoggingConfig:
     )
 
 
-@dataclass
-class RunConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    exits: ExitsConfig = field(default_factory=ExitsConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+class RunConfig(
+    config_root(
+        "pretrain", ModelConfig, DataConfig, ExitsConfig, OptimConfig, TrainConfig, CheckpointConfig, EvalConfig,
+        LoggingConfig,
+    )
+):  # fmt: skip
+    """One pre-training run: a section per component (model, data, exits, optim, train, checkpoint, eval, logging:
+    the classes above, `common.config.config_root`), `to_dict`, `value("optim.lr")`; its renamed keys are in
+    `common.config.RENAMED_KEYS["pretrain"]`."""
 
     def exit_groups(self) -> list[tuple[int, ...]]:
         """The exit groups, trained in turn: optimizer step t trains group t mod G."""
@@ -212,6 +215,8 @@ class RunConfig:
         resume; anything in the hash is refused unless forced."""
         d = self.to_dict()
         skip_data = ("num_workers", "index_cache_dir", "verify", "max_unk_fraction")
+        # hashed under the names the hash was introduced with, so that checkpoints of earlier releases resume
+        d["data"] = {HASHED_NAMES.get(k, k): v for k, v in d["data"].items()}
         # the schedule, however it is written, and not whose kernels compute the same update
         optim = {k: v for k, v in d["optim"].items() if k not in ("warmup_fraction", "backend")}
         optim["warmup_steps"] = self.optim.warmup_for(self.train.train_steps)
@@ -225,6 +230,10 @@ class RunConfig:
         }
         blob = json.dumps(keep, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+# data keys renamed since checkpoints recorded their config hash: the hash keeps the name it had (issue 39)
+HASHED_NAMES = {"max_length": "max_seq_len"}
 
 
 def derive_exit_groups(num_layers: int, num_groups: int) -> list[tuple[int, ...]]:
@@ -256,9 +265,10 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
 
 
 def config_from_dict(tree: dict[str, Any]) -> RunConfig:
-    """Rebuild a config saved with `to_dict` (e.g. RUN/config.yaml)."""
+    """Rebuild a config saved with `to_dict` (e.g. RUN/config.yaml; one of an earlier release is read under today's
+    keys, `common.config.stored_tree`)."""
     found = Findings()
-    cfg = build(RunConfig, tree, "", found)
+    cfg = build(RunConfig, stored_tree(tree, RunConfig), "", found)
     if found.problems:
         raise ConfigError(found.problems, source="config")
     return cfg
@@ -298,10 +308,10 @@ def _corpora_problems(d: DataConfig) -> list[str]:
 
 def _data_problems(d: DataConfig, m: ModelConfig) -> list[str]:
     p = []
-    if d.max_seq_len > m.max_position_embeddings and m.init_from is None:
-        p.append(f"data.max_seq_len={d.max_seq_len} exceeds model.max_position_embeddings={m.max_position_embeddings}")
-    if d.max_seq_len < 8:
-        p.append(f"data.max_seq_len={d.max_seq_len} is too short for [CLS] A [SEP] B [SEP]")
+    if d.max_length > m.max_position_embeddings and m.init_from is None:
+        p.append(f"data.max_length={d.max_length} exceeds model.max_position_embeddings={m.max_position_embeddings}")
+    if d.max_length < 8:
+        p.append(f"data.max_length={d.max_length} is too short for [CLS] A [SEP] B [SEP]")
     p += _corpora_problems(d)
     if not 0.0 < d.masked_lm_prob < 1.0:
         p.append("data.masked_lm_prob must be in (0, 1)")
@@ -355,13 +365,9 @@ def _optim_problems(o: OptimConfig, train_steps: int) -> list[str]:
         p.append("optim.lr must be > 0")
     if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
         p.append(f"optim.betas={o.betas} must be two numbers in [0, 1)")
-    if o.warmup_steps < 0 or o.warmup_steps > train_steps:
+    if o.warmup_steps > train_steps:
         p.append(f"optim.warmup_steps={o.warmup_steps} must be within 0..train.train_steps={train_steps}")
-    if o.warmup_fraction is not None:
-        if not 0.0 <= o.warmup_fraction <= 1.0:
-            p.append(f"optim.warmup_fraction={o.warmup_fraction} must be in [0, 1]")
-        if o.warmup_steps:
-            p.append("optim.warmup_steps and optim.warmup_fraction are exclusive: set one (the other to 0 / null)")
+    p += warmup_problems(o.warmup_steps, o.warmup_fraction)
     if not 0.0 <= o.min_lr_ratio <= 1.0:
         p.append("optim.min_lr_ratio must be in [0, 1]")
     if o.grad_clip < 0:

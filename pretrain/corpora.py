@@ -154,14 +154,14 @@ def _split_dataset(
     cfg: RunConfig, k: int, path: Path, corpus: PreparedCorpus, split: str, caches: list[Path], bundle: DataBundle
 ) -> PretrainingDataset:
     d = cfg.data
-    index, where, _ = load_or_build_index(corpus, split, d.max_seq_len, d.short_seq_prob, cfg.train.seed, caches)
+    index, where, _ = load_or_build_index(corpus, split, d.max_length, d.short_seq_prob, cfg.train.seed, caches)
     if len(index) == 0:
         raise ConfigError(
             f"data.corpora[{k}] ({path}, split {split}) yields no samples: documents need at "
             "least two sentences for sentence-order prediction"
         )
     bundle.index_paths.append(str(where) if where else f"(in memory) {path} {split}")
-    masking = MaskingConfig(d.max_seq_len, d.masked_lm_prob, d.max_ngram, cfg.train.seed)
+    masking = MaskingConfig(d.max_length, d.masked_lm_prob, d.max_ngram, cfg.train.seed)
     return PretrainingDataset(corpus, index, masking, corpus_id=k)
 
 

@@ -1,8 +1,8 @@
 """Pre-training samples built at load time from data_prep's shards: SOP pairs + n-gram masking.
 
-- `build_sample_index`: per document, consecutive sentences packed up to a target length (max_seq_len - 3, or with
+- `build_sample_index`: per document, consecutive sentences packed up to a target length (max_length - 3, or with
   probability short_seq_prob a shorter random one). Row = (doc, first sentence, end sentence, target length).
-  Deterministic given (corpus, max_seq_len, short_seq_prob, seed). Built once per job by rank 0 — shard by shard,
+  Deterministic given (corpus, max_length, short_seq_prob, seed). Built once per job by rank 0 — shard by shard,
   vectorised over documents, streamed to a .npy beside the data (temp + rename, then a sidecar with its crc32) —
   and memmapped by every rank; the other ranks wait for it (`load_or_build_index`).
 - `PretrainingDataset[i]`: an RNG seeded by (seed, corpus, i) picks the A/B split, the swap (SOP label), the
@@ -71,17 +71,17 @@ def corpus_shards(corpus: Corpus) -> Iterator[tuple[int, int, np.ndarray, np.nda
 
 
 @functools.lru_cache(maxsize=16)
-def _target_prefix(seed: int, max_seq_len: int) -> np.ndarray:
-    return mix(seed, INDEX_VERSION, max_seq_len)
+def _target_prefix(seed: int, max_length: int) -> np.ndarray:
+    return mix(seed, INDEX_VERSION, max_length)
 
 
 def sample_targets(
-    seed: int, max_seq_len: int, short_seq_prob: float, docs: np.ndarray, k: np.ndarray | int
+    seed: int, max_length: int, short_seq_prob: float, docs: np.ndarray, k: np.ndarray | int
 ) -> np.ndarray:
-    """Target length of the k-th sample of each document: max_seq_len - 3, or with probability short_seq_prob a
-    uniform length in [2, max_seq_len - 3]. A pure function of (seed, doc, k) — one splitmix64 of (doc << 32 | k)
+    """Target length of the k-th sample of each document: max_length - 3, or with probability short_seq_prob a
+    uniform length in [2, max_length - 3]. A pure function of (seed, doc, k) — one splitmix64 of (doc << 32 | k)
     under a seeded prefix; documents < 2^32 — so any builder order gives the same index."""
-    max_tokens = max_seq_len - 3
+    max_tokens = max_length - 3
     target = np.full(len(docs), max_tokens, dtype=np.int64)
     if short_seq_prob <= 0:
         return target
@@ -91,7 +91,7 @@ def sample_targets(
             if np.ndim(k) == 0
             else ((np.asarray(docs).astype(np.uint64) << np.uint64(32)) | np.asarray(k).astype(np.uint64))
         )
-        h = splitmix64(_target_prefix(seed, max_seq_len) ^ key)
+        h = splitmix64(_target_prefix(seed, max_length) ^ key)
         short = uniform(h) < short_seq_prob
         if short.any():
             target[short] = 2 + (splitmix64(h[short]) % np.uint64(max_tokens - 1)).astype(np.int64)
@@ -102,7 +102,7 @@ TAIL_DOCS = 64  # below this many documents still packing, a round's numpy overh
 
 
 def shard_samples(
-    doc0: int, sent0: int, lengths: np.ndarray, bounds: np.ndarray, max_seq_len: int, short_seq_prob: float, seed: int
+    doc0: int, sent0: int, lengths: np.ndarray, bounds: np.ndarray, max_length: int, short_seq_prob: float, seed: int
 ) -> np.ndarray:
     """The samples of one shard's documents. Vectorised over documents: round k packs every document's k-th sample
     at once (documents are independent), so the Python loop runs once per round, not once per sample. The last
@@ -118,7 +118,7 @@ def shard_samples(
     k = 0
     while active.size and active.size >= TAIL_DOCS:
         s, e = start[active], end[active]
-        target = sample_targets(seed, max_seq_len, short_seq_prob, active + doc0, k)
+        target = sample_targets(seed, max_length, short_seq_prob, active + doc0, k)
         # smallest j with cum[j] - cum[s] >= target; the sample is sentences [s, j), at least 2, within the doc
         stop = np.minimum(np.maximum(np.searchsorted(cum, cum[s] + target, side="left"), s + 2), e)
         stop = np.where(e - stop == 1, e, stop)  # a lone trailing sentence cannot form a pair: give it to this one
@@ -127,7 +127,7 @@ def shard_samples(
         active = active[e - stop >= 2]
         k += 1
     for doc in active.tolist():
-        rounds.append(_pack_one(doc, k, int(start[doc]), int(end[doc]), cum, doc0, max_seq_len, short_seq_prob, seed))
+        rounds.append(_pack_one(doc, k, int(start[doc]), int(end[doc]), cum, doc0, max_length, short_seq_prob, seed))
     if not rounds:
         return np.zeros((0, 4), dtype=np.int64)
     docs = np.concatenate([r[0] for r in rounds])
@@ -149,13 +149,13 @@ def _pack_one(
     end: int,
     cum: np.ndarray,
     doc0: int,
-    max_seq_len: int,
+    max_length: int,
     short_seq_prob: float,
     seed: int,
 ) -> tuple[np.ndarray, ...]:
     """The remaining samples of one document from its k-th on (the same rule as a round, one sample at a time)."""
     ks = np.arange(k, k + (end - start) // 2 + 1)  # at most this many samples are left (each takes >= 2 sentences)
-    targets = sample_targets(seed, max_seq_len, short_seq_prob, np.full(len(ks), doc + doc0), ks).tolist()
+    targets = sample_targets(seed, max_length, short_seq_prob, np.full(len(ks), doc + doc0), ks).tolist()
     prefix = cum[start : end + 1].tolist()  # prefix[i] = cum[start + i]
     firsts, stops = [], []
     s, i = start, 0
@@ -171,18 +171,18 @@ def _pack_one(
     return np.full(n, doc), ks[:n], np.asarray(firsts), np.asarray(stops), np.asarray(targets[:n], dtype=np.int64)
 
 
-def build_sample_index(corpus: Corpus, max_seq_len: int, short_seq_prob: float, seed: int) -> np.ndarray:
+def build_sample_index(corpus: Corpus, max_length: int, short_seq_prob: float, seed: int) -> np.ndarray:
     """Pack each document's sentences into samples of >= 2 sentences (SOP needs an A and a B).
 
     Returns int64 [N, 4]: doc, first sentence, end sentence (exclusive), target length in tokens, in document
     order. Each sample takes consecutive sentences until their tokens reach its target (`sample_targets`).
     """
-    parts = [shard_samples(*shard, max_seq_len, short_seq_prob, seed) for shard in corpus_shards(corpus)]
+    parts = [shard_samples(*shard, max_length, short_seq_prob, seed) for shard in corpus_shards(corpus)]
     return np.concatenate(parts) if parts else np.zeros((0, 4), dtype=np.int64)
 
 
-def index_key(corpus: Corpus, split: str, max_seq_len: int, short_seq_prob: float, seed: int) -> str:
-    blob = json.dumps([INDEX_VERSION, corpus.manifest_hash, split, max_seq_len, short_seq_prob, seed])
+def index_key(corpus: Corpus, split: str, max_length: int, short_seq_prob: float, seed: int) -> str:
+    blob = json.dumps([INDEX_VERSION, corpus.manifest_hash, split, max_length, short_seq_prob, seed])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -200,16 +200,14 @@ def _npy_header(rows: int) -> bytes:
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", body_len) + text.ljust(body_len - 1).encode("latin1") + b"\n"
 
 
-def write_sample_index(
-    corpus: Corpus, path: Path, max_seq_len: int, short_seq_prob: float, seed: int
-) -> dict[str, Any]:
+def write_sample_index(corpus: Corpus, path: Path, max_length: int, short_seq_prob: float, seed: int) -> dict[str, Any]:
     """Build the index shard by shard, streaming rows to `path` (temp + rename): memory is one shard's arrays and
     samples, whatever the corpus size. Returns the sidecar record (rows, crc32) that `publish` writes."""
     crc, rows = 0, 0
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         f.write(_npy_header(0))
         for shard in corpus_shards(corpus):
-            part = np.ascontiguousarray(shard_samples(*shard, max_seq_len, short_seq_prob, seed), dtype="<i8")
+            part = np.ascontiguousarray(shard_samples(*shard, max_length, short_seq_prob, seed), dtype="<i8")
             crc = zlib.crc32(part.data, crc)
             rows += len(part)
             f.write(part.data)
@@ -261,7 +259,7 @@ def _wait_for_index(path: Path, timeout_s: float, log: Callable[[str], None]) ->
 def load_or_build_index(
     corpus: Corpus,
     split: str,
-    max_seq_len: int,
+    max_length: int,
     short_seq_prob: float,
     seed: int,
     cache_dirs: Sequence[Path],
@@ -279,7 +277,7 @@ def load_or_build_index(
     """
     if builder is None:
         builder = resolve_env(export=False).rank == 0
-    name = f"sample_index_{split}_{index_key(corpus, split, max_seq_len, short_seq_prob, seed)}.npy"
+    name = f"sample_index_{split}_{index_key(corpus, split, max_length, short_seq_prob, seed)}.npy"
     for d in cache_dirs:
         index = read_published_index(Path(d) / name)
         if index is not None:
@@ -292,9 +290,9 @@ def load_or_build_index(
         )
     path = _first_writable(cache_dirs, name)
     if path is None:
-        return build_sample_index(corpus, max_seq_len, short_seq_prob, seed), None, True
+        return build_sample_index(corpus, max_length, short_seq_prob, seed), None, True
     _sidecar(path).unlink(missing_ok=True)  # an old, corrupt publication must not be read while we rebuild
-    meta = write_sample_index(corpus, path, max_seq_len, short_seq_prob, seed)
+    meta = write_sample_index(corpus, path, max_length, short_seq_prob, seed)
     atomic_write_json(_sidecar(path), meta)
     return np.load(path, mmap_mode="r"), path, True
 
@@ -376,7 +374,7 @@ def replacement_ids(special_ids: dict, vocab_size: int, tokenizer_dir: Path | st
 
 @dataclass(frozen=True)
 class MaskingConfig:
-    max_seq_len: int
+    max_length: int
     masked_lm_prob: float = 0.15
     max_ngram: int = 3
     seed: int = 1234
@@ -638,7 +636,7 @@ class BlendedDataset(torch.utils.data.Dataset):
 
 
 def collate(items: list[dict[str, np.ndarray]], pad_id: int = 0, multiple: int = 8) -> dict[str, torch.Tensor]:
-    """Pad to the longest sample (rounded up to `multiple`): deterministic, and cheaper than max_seq_len."""
+    """Pad to the longest sample (rounded up to `multiple`): deterministic, and cheaper than max_length."""
     longest = max(len(it["input_ids"]) for it in items)
     length = -(-longest // multiple) * multiple
     n = len(items)
@@ -666,7 +664,7 @@ def collate(items: list[dict[str, np.ndarray]], pad_id: int = 0, multiple: int =
 
 class Collator:
     """Picklable collate with the pad id and the length multiple bound (DataLoader workers pickle it). A compiled
-    model gets every batch padded to `max_seq_len` (multiple = max_seq_len): one static shape, no recompiles."""
+    model gets every batch padded to `max_length` (multiple = max_length): one static shape, no recompiles."""
 
     def __init__(self, pad_id: int, multiple: int = 8) -> None:
         self.pad_id = pad_id

@@ -1,24 +1,24 @@
-"""DeepSpeed JSON from ds_configs/ with its "auto" fields filled from the run config.
+"""DeepSpeed JSON from ds_configs/ with its "auto" fields filled from the run config, under the policy both
+trainers share (`common.ds_config`: where the file is read from, "auto" filled, a disagreeing value refused naming
+the key, the file and both values, no `scheduler`).
 
 The run config is the single source of truth for batch sizes, optimiser and clipping; the JSON holds what is
 specific to the hardware (ZeRO stage and buckets, fp16 loss-scaling settings). The precision sections are generated
-from `train.precision` and the device (`pretrain.precision`). A JSON value that is not "auto" and disagrees with
-the run config is an error rather than a silent winner.
+from `train.precision` and the device (`pretrain.precision`). Pre-training hands the filled `optimizer` section to
+DeepSpeed, which builds the optimizer from it.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from common.io import read_object
+from common.ds_config import AUTO, DsFill, load_ds_json
 
-from .config import REPO_ROOT, ConfigError, RunConfig, resolve_path
+from .config import ConfigError, RunConfig
 from .precision import DeviceCaps, apply_precision, choose_precision, precision_problems
 
-AUTO = "auto"
+__all__ = ["AUTO", "BatchLayout", "batch_layout", "fill_ds_config", "load_ds_json"]
 OPTIMIZER_TYPES = {"adamw": "AdamW", "lamb": "Lamb"}  # optim.name -> DeepSpeed's optimizer.type
 
 
@@ -38,16 +38,6 @@ class BatchLayout:
         )
 
 
-def load_ds_json(path: str | Path) -> dict[str, Any]:
-    p = resolve_path(str(path), REPO_ROOT)
-    if not p.is_file():
-        raise ConfigError(
-            f"DeepSpeed config {p} does not exist (a relative path is read from the current directory, else from "
-            f"{REPO_ROOT}; the shipped ones are in the repository's ds_configs/)"
-        )
-    return read_object(p, ConfigError, "a JSON object", hint="the DeepSpeed config (--ds-config, train.ds_config)")
-
-
 def batch_layout(cfg: RunConfig, world_size: int) -> BatchLayout:
     t = cfg.train
     if t.global_batch_size % (t.micro_batch_size * world_size):
@@ -60,17 +50,6 @@ def batch_layout(cfg: RunConfig, world_size: int) -> BatchLayout:
     )
 
 
-def _fill(section: dict[str, Any], key: str, value: Any, where: str, problems: list[str]) -> None:
-    current = section.get(key, AUTO)
-    if current == AUTO:
-        section[key] = value
-    elif current != value and not (isinstance(current, list) and list(current) == list(value)):
-        problems.append(
-            f"{where}.{key}={current!r} in the DeepSpeed JSON disagrees with the run config ({value!r}); "
-            f'set it to "auto" or change the run config'
-        )
-
-
 def fill_ds_config(
     raw: dict[str, Any], cfg: RunConfig, world_size: int, caps: DeviceCaps | None = None
 ) -> tuple[dict[str, Any], BatchLayout]:
@@ -78,33 +57,31 @@ def fill_ds_config(
     (default: a CPU)."""
     caps = caps or DeviceCaps.cpu()
     device = caps.kind
-    ds = copy.deepcopy(raw)
-    problems: list[str] = []
     layout = batch_layout(cfg, world_size)
+    fill = DsFill(raw)
+    ds, problems = fill.ds, fill.problems
     o = cfg.optim
-    _fill(ds, "train_batch_size", layout.global_batch, "", problems)
-    _fill(ds, "train_micro_batch_size_per_gpu", layout.micro_batch, "", problems)
-    _fill(ds, "gradient_accumulation_steps", layout.grad_accum, "", problems)
-    _fill(ds, "gradient_clipping", float(o.grad_clip), "", problems)
-    if "scheduler" in ds:
-        problems.append(
-            "the DeepSpeed JSON has a 'scheduler': the lr schedule lives in the run config (optim.*), "
-            "computed from the step so resume needs no scheduler state"
-        )
-    opt = ds.setdefault("optimizer", {"type": AUTO, "params": {}})
-    _fill(opt, "type", OPTIMIZER_TYPES.get(o.name, o.name), "optimizer", problems)
-    params = opt.setdefault("params", {})
-    _fill(params, "lr", float(o.lr), "optimizer.params", problems)
-    _fill(params, "betas", [float(b) for b in o.betas], "optimizer.params", problems)
-    _fill(params, "eps", float(o.eps), "optimizer.params", problems)
-    _fill(params, "weight_decay", float(o.weight_decay), "optimizer.params", problems)
+    keys = ("train.global_batch_size", "train.micro_batch_size", "train.global_batch_size / (micro × world size)")
+    fill.batch(layout.global_batch, layout.micro_batch, layout.grad_accum, keys)
+    fill.fill(ds, "", "gradient_clipping", float(o.grad_clip), "optim.grad_clip")
+    fill.refuse_scheduler()
+    params = fill.optimizer(
+        OPTIMIZER_TYPES.get(o.name, o.name),
+        {
+            "lr": (float(o.lr), "optim.lr"),
+            "betas": ([float(b) for b in o.betas], "optim.betas"),
+            "eps": (float(o.eps), "optim.eps"),
+            "weight_decay": (float(o.weight_decay), "optim.weight_decay"),
+        },
+        "optim.name",
+    )
     backend = o.kernel_backend()
     if o.name == "adamw":
         # torch_adam: DeepSpeed builds torch.optim.AdamW from these params (no op to JIT-build); fused=True on GPUs
         # runs it as one multi-tensor CUDA kernel, the role FusedAdam plays (same update: tests/pretrain/test_optimizer)
-        _fill(params, "torch_adam", backend == "torch", "optimizer.params", problems)
+        fill.fill(params, "optimizer.params", "torch_adam", backend == "torch", "optim.backend")
         if backend == "torch" and device == "cuda":
-            _fill(params, "fused", True, "optimizer.params", problems)
+            fill.fill(params, "optimizer.params", "fused", True, "optim.backend")
     else:
         params.pop("torch_adam", None)
         if backend == "torch":
@@ -127,22 +104,7 @@ def fill_ds_config(
         )
     if o.name == "lamb" and device != "cuda":
         problems.append("optim.name=lamb uses DeepSpeed's FusedLamb, which needs CUDA; use adamw on CPU")
-    leftovers = [k for k, v in _walk(ds) if v == AUTO]
-    if leftovers:
-        problems.append(f'DeepSpeed JSON fields left as "auto" that the run config cannot fill: {leftovers}')
     ds.setdefault("steps_per_print", 10**9)
     if cfg.logging.comm_timing:  # DeepSpeed's comms profiler, read per step by pretrain.rank_report.CommTimer
         ds["comms_logger"] = {"enabled": True, "prof_all": True, "verbose": False, "debug": False}
-    if problems:
-        raise ConfigError(problems, source="DeepSpeed config")
-    return ds, layout
-
-
-def _walk(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-    if isinstance(d, dict):
-        for k, v in d.items():
-            out.extend(_walk(v, f"{prefix}.{k}" if prefix else k))
-    else:
-        out.append((prefix, d))
-    return out
+    return fill.done(), layout

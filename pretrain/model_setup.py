@@ -65,9 +65,9 @@ def _check_fits_data(cfg: RunConfig, model: torch.nn.Module, vocab_size: int) ->
     m, mc = cfg.model, model.config
     if mc.vocab_size < vocab_size:
         raise ConfigError(f"model vocabulary ({mc.vocab_size}) is smaller than the data's ({vocab_size})")
-    if cfg.data.max_seq_len > mc.max_position_embeddings:
+    if cfg.data.max_length > mc.max_position_embeddings:
         raise ConfigError(
-            f"data.max_seq_len={cfg.data.max_seq_len} exceeds the model's max_position_embeddings="
+            f"data.max_length={cfg.data.max_length} exceeds the model's max_position_embeddings="
             f"{mc.max_position_embeddings}"
         )
     if m.init_from is not None and mc.num_hidden_layers != m.num_hidden_layers:

@@ -37,6 +37,10 @@
 #                              from its last checkpoint), unless EB_REQUEUE_ON_SIGNAL=0
 #                           any other exit code        -> exit with it (job FAILED, no requeue)
 #   eb_log MSG / eb_die MSG
+#   eb_submit_args USAGE ARGS...
+#                         split the arguments of a script's `submit` at `--`: EB_SBATCH_OPTS (before), EB_JOB_ARGS
+#                         (after); no `--`: stop with "usage: USAGE". (Login node: needs no eb_init.)
+#   eb_sbatch SBATCH ARGS...  `sbatch --parsable ARGS...`, printing the job id alone (not "jobid;cluster").
 #
 # Environment knobs (all optional):
 #   EB_ROOT               repository root (required before sourcing; see the scripts' bootstrap)
@@ -316,4 +320,24 @@ _eb_first_failed_task() {
   first=${first#srun: error: }
   printf ': first to fail: %s task %s (%s); %s task line(s) in all' "${first%%:*}" \
     "$(sed -E 's/^[^:]+: tasks? ([^:]+):.*/\1/' <<<"$first")" "${first##*: }" "$(wc -l <<<"$lines")"
+}
+
+# ---- submitting (a script's `submit`, on the login node) --------------------------------------------------------------
+eb_submit_args() {
+  local usage=$1
+  shift
+  EB_SBATCH_OPTS=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do
+    EB_SBATCH_OPTS+=("$1")
+    shift
+  done
+  [ "${1:-}" = -- ] || eb_die "usage: $usage"
+  shift
+  # shellcheck disable=SC2034  # read by the calling script
+  EB_JOB_ARGS=("$@")
+}
+eb_sbatch() {
+  local id
+  id=$(sbatch --parsable "$@") || return
+  echo "${id%%;*}" # --parsable prints "jobid[;cluster]"
 }

@@ -37,22 +37,19 @@ source "${EB_ROOT:?slurm/common.sh not found: submit from the repository or set 
 # ---- submit: the four dependent jobs (runs on the login node; no eb_init there) -------------------------------------
 if [ "${1:-}" = submit ]; then
   shift
-  sbatch_opts=()
-  while [ $# -gt 0 ] && [ "$1" != -- ]; do sbatch_opts+=("$1"); shift; done
-  [ "${1:-}" = -- ] || eb_die "usage: $0 submit [SBATCH OPTIONS...] -- [NAME=]INPUT... --output OUT [...]"
-  shift
+  eb_submit_args "$0 submit [SBATCH OPTIONS...] -- [NAME=]INPUT... --output OUT [...]" "$@"
+  set -- "${EB_JOB_ARGS[@]}"
   script=$EB_ROOT/slurm/dedup_data.sh
   array="0-$((${DEDUP_TASKS:-32} - 1))"
   dep=()
   ids=()
   for stage in signatures clusters write report; do
-    opts=("${sbatch_opts[@]}" --job-name="eb-dedup-$stage" "${dep[@]}")
+    opts=("${EB_SBATCH_OPTS[@]}" --job-name="eb-dedup-$stage" "${dep[@]}")
     case $stage in
       signatures | write) opts+=(--array="$array" --output=%x-%A_%a.out) ;;
       *) opts+=(--output=%x-%j.out) ;;
     esac
-    id=$(sbatch --parsable "${opts[@]}" "$script" stage "$stage" "$@")
-    id=${id%%;*} # --parsable prints "jobid[;cluster]"
+    id=$(eb_sbatch "${opts[@]}" "$script" stage "$stage" "$@")
     ids+=("$id")
     dep=(--dependency="afterok:$id" --kill-on-invalid-dep=yes)
   done

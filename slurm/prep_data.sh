@@ -43,10 +43,9 @@ source "${EB_ROOT:?slurm/common.sh not found: submit from the repository or set 
 # ---- submit: the array + the dependent finalize job (runs on the login node; no eb_init there) ----------------------
 if [ "${1:-}" = submit ]; then
   shift
-  sbatch_opts=()
-  while [ $# -gt 0 ] && [ "$1" != -- ]; do sbatch_opts+=("$1"); shift; done
-  [ "${1:-}" = -- ] || eb_die "usage: $0 submit [SBATCH OPTIONS...] -- INPUTS... --output OUT --tokenizer VOCAB [...]"
-  shift
+  eb_submit_args "$0 submit [SBATCH OPTIONS...] -- INPUTS... --output OUT --tokenizer VOCAB [...]" "$@"
+  set -- "${EB_JOB_ARGS[@]}"
+  sbatch_opts=("${EB_SBATCH_OPTS[@]}")
   out=""
   fin_args=() # tokenize options that finalize must repeat
   args=("$@")
@@ -60,9 +59,8 @@ if [ "${1:-}" = submit ]; then
   done
   [ -n "$out" ] || eb_die "submit: the tokenize arguments need --output OUT"
   script=$EB_ROOT/slurm/prep_data.sh
-  array_id=$(sbatch --parsable --array="0-$((${PREP_TASKS:-32} - 1))" --output=%x-%A_%a.out "${sbatch_opts[@]}" \
+  array_id=$(eb_sbatch --array="0-$((${PREP_TASKS:-32} - 1))" --output=%x-%A_%a.out "${sbatch_opts[@]}" \
     "$script" "$@")
-  array_id=${array_id%%;*} # --parsable prints "jobid[;cluster]"
   # The finalize job gets the same options (partition, account, ...) minus the array; output %x-%j.out.
   fin_opts=()
   for ((i = 0; i < ${#sbatch_opts[@]}; i++)); do
@@ -72,9 +70,8 @@ if [ "${1:-}" = submit ]; then
       *) fin_opts+=("${sbatch_opts[$i]}") ;;
     esac
   done
-  fin_id=$(sbatch --parsable "${fin_opts[@]}" --job-name=eb-prep-finalize --output=%x-%j.out \
+  fin_id=$(eb_sbatch "${fin_opts[@]}" --job-name=eb-prep-finalize --output=%x-%j.out \
     --dependency="afterok:$array_id" --kill-on-invalid-dep=yes "$script" finalize "$out" "${fin_args[@]}")
-  fin_id=${fin_id%%;*}
   echo "$array_id ${fin_id}"
   exit 0
 fi

@@ -1,9 +1,11 @@
 """Dynamic early exit at inference: which file holds what.
 
-The inference core - the rules that need no trained side model (entropy, maxprob, patience, PCEE, static) and the
-batched engine `run_batch` - is `elasticbert.early_exit` (the model's own forward runs it when its config carries an
-early-exit setting); it is re-exported here, with what fine-tuning adds:
-- `rules.py`: the LTE rule, `make_rule` (every rule by name), `default_sweep`, threshold ranges;
+The inference core - the rule table (`elasticbert.exit_setting.RULES`: every rule's name, threshold range, factory),
+the rules that need no trained side model (entropy, maxprob, patience, PCEE, static) and the batched engine
+`run_batch` - is `elasticbert.early_exit` (the model's own forward runs it when its config carries an early-exit
+setting, `elasticbert.EarlyExitSetting`, the one record of a rule's parameters); it is re-exported here, with what
+fine-tuning adds:
+- `rules.py`: the LTE rule, registered into that table;
 - `engine.py`: `run_dataset` (the engine over a split's batches), the full-model reference `run_full_model`, static
   FLOPs (and the engine's re-exports);
 - `lte.py`: BERxiT's learned exit head, its features, errors and training;
@@ -13,6 +15,19 @@ early-exit setting); it is re-exported here, with what fine-tuning adds:
 Plots are in `finetune.plots`, ELUE scoring in `finetune.elue`, submission files in `finetune.submission`,
 predictions on users' texts in `finetune.predict` (`EarlyExitClassifier`) and `finetune.predict_cli`.
 """
+
+from elasticbert.early_exit import (
+    EntropyRule,
+    ExitRule,
+    MaxProbRule,
+    PatienceRule,
+    PCEERule,
+    StaticRule,
+    entropy_nats,
+    make_rule,
+    rule_for,
+)
+from elasticbert.exit_setting import EarlyExitSetting, default_sweep
 
 from .engine import (
     EarlyExitResult,
@@ -25,22 +40,7 @@ from .engine import (
 )
 from .lte import LearnedExitHead, exit_errors, exit_features, train_lte_head
 from .operating_point import OperatingPoint, choose_operating_point, load_result
-from .rules import (
-    CLASSIFICATION_ONLY,
-    PREDICT_STRATEGIES,
-    STRATEGIES,
-    EntropyRule,
-    ExitRule,
-    LearnedExitRule,
-    MaxProbRule,
-    PatienceRule,
-    PCEERule,
-    StaticRule,
-    Strategy,
-    default_sweep,
-    entropy_nats,
-    make_rule,
-)
+from .rules import PREDICT_STRATEGIES, STRATEGIES, LearnedExitRule
 from .sweep import (
     RESULT_FORMAT,
     Reference,
@@ -60,11 +60,11 @@ from .sweep import (
 )
 
 __all__ = [
-    "CLASSIFICATION_ONLY",
     "PREDICT_STRATEGIES",
     "RESULT_FORMAT",
     "STRATEGIES",
     "EarlyExitResult",
+    "EarlyExitSetting",
     "EntropyRule",
     "ExitRule",
     "LearnedExitHead",
@@ -75,7 +75,6 @@ __all__ = [
     "PatienceRule",
     "Reference",
     "StaticRule",
-    "Strategy",
     "SweepConfig",
     "add_speedups",
     "choose_operating_point",
@@ -93,6 +92,7 @@ __all__ = [
     "parse_thresholds",
     "per_sample_flops",
     "resolve_strategies",
+    "rule_for",
     "run_batch",
     "run_dataset",
     "run_full_model",

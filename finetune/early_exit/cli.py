@@ -4,7 +4,6 @@ per-sample TSVs and the Pareto plot. ELUE scoring of the result is `elue-score`;
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -12,19 +11,20 @@ from pathlib import Path
 
 import torch
 
+import common.cli
 from common.cli import add_command, add_max_examples, add_output, add_switch, config_argument
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
-from common.io import atomic_write_json, make_dirs, removed_on_failure
+from common.io import atomic_write_json, make_dirs, read_object, removed_on_failure
 from elasticbert import ElasticBertForSequenceClassification
 from elasticbert.precision import PRECISIONS, for_inference, precision_problem
 
-from ..data import EncodedSplit, add_data_dir, load_tokenizer, subsample
-from ..model import add_device, check_max_length, load_finetuned, resolve_device
+from ..data import EncodedSplit, load_tokenizer, subsample
+from ..model import check_max_length, load_finetuned, resolve_device
 from ..plots import plot_pareto
 from ..results import check_earlier_result, data_source, result_identity
 from ..task_check import check_task_fits
-from ..tasks import TaskSpec, get_task, load_split
+from ..tasks import DataError, TaskSpec, get_task, load_split
 from .lte import LearnedExitHead, train_lte_head
 from .rules import STRATEGIES
 from .sweep import (
@@ -55,7 +55,7 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     p.add_argument("--task", required=True, help="task name, e.g. SST-2, MRPC, STS-B, elue/SNLI")
     p.add_argument("--strategy", default="all", help=f"comma list of {', '.join(STRATEGIES)}, or 'all'")
     p.add_argument("--sweep", default=None, help="thresholds τ1,τ2,... (one strategy; patience: k values)")
-    add_data_dir(p)
+    common.cli.add_data_dir(p)
     p.add_argument("--split", default="dev")
     config_argument(p, SweepConfig, "batch_size", help="batch size")
     p.add_argument("--max-length", type=int, default=128)
@@ -73,8 +73,8 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     config_argument(p, SweepConfig, "patience", help="PCEE: consecutive confident exits needed")
     config_argument(p, SweepConfig, "delta", help="PABEE regression: |Δ| below this counts as unchanged")
     config_argument(p, SweepConfig, "repeats", help="timing repeats (the minimum wall time is kept)")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    add_device(p)
+    common.cli.add_threads(p)
+    common.cli.add_device(p)
     add_output(p, "output directory (default runs/early_exit/<task>)", required=False)
     add_switch(p, "--merge", True, "keep the other strategies of an earlier run in the same JSON")
     p.add_argument("--lte-head", default=None, help="LTE head file (.safetensors); trained and saved here if absent")
@@ -135,7 +135,7 @@ def write_results(results: dict, path: Path, merge: bool) -> dict:
     """Write the result JSON, first merging this configuration's earlier run's other strategies unless `merge` is
     off (`check_earlier_result` has refused any other's)."""
     if path.is_file() and merge:
-        results = merge_results(json.loads(path.read_text(encoding="utf-8")), results)
+        results = merge_results(read_object(path, DataError, "an early-exit result"), results)
     make_dirs(path.parent)
     atomic_write_json(path, results, indent=1)
     return results

@@ -15,12 +15,11 @@ import numpy as np
 import torch
 
 from elasticbert import ElasticBertForSequenceClassification
-from elasticbert.early_exit import EarlyExitResult, exit_histogram, per_sample_flops, run_batch
+from elasticbert.early_exit import EarlyExitResult, ExitRule, exit_histogram, per_sample_flops, run_batch
 from elasticbert.flops import sample_flops
 
 from ..data import Batch, forward_in_order
 from ..model import exit_logits
-from .rules import ExitRule
 
 
 def run_dataset(

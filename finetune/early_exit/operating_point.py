@@ -9,24 +9,26 @@
 `--strategy S` next to it restricts the candidates to S's points. FLOPs are the deciding cost because they are exact
 (wall times of a sweep are single noisy passes). `fastest-within` and `best` never choose a point whose threshold
 decides without the input (`elasticbert.exit_setting.degenerate_problem`: patience 0 in sweeps of earlier versions).
-The point carries its rule's parameters (PCEE's patience, PABEE's delta), the LTE head file the sweep used, and the
-maximum length it was measured at.
+The point is an `EarlyExitSetting` (the rule's parameters: PCEE's patience, PABEE's delta, the LTE head file the
+sweep used, the precision it ran at) plus what the sweep measured of it and the maximum length it was measured at.
+`chosen_setting` turns the options `predict` and `save-early-exit` share into a setting.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from common.config import finite_float
 from common.errors import ConfigError
 from common.io import read_object
+from elasticbert.exit_setting import EarlyExitSetting, degenerate_problem
 from elasticbert.precision import PRECISIONS
 
 from ..tasks import DataError, get_task
-from .rules import PREDICT_STRATEGIES, degenerate_problem
+from .rules import PREDICT_STRATEGIES
 from .sweep import is_early_exit_result
 
 DEFAULT_RULE = "fastest-within=1.0"
@@ -34,13 +36,10 @@ DEFAULT_RULE = "fastest-within=1.0"
 
 @dataclass(frozen=True)
 class OperatingPoint:
-    """One rule at one threshold, as measured by a sweep (score and mean FLOPs on the sweep's split)."""
+    """A setting (one rule at one threshold, at the precision the sweep ran at, with the LTE head file it used) and
+    what the sweep measured of it: score and mean FLOPs on the sweep's split, against the full model's."""
 
-    strategy: str
-    threshold: float | None
-    patience: int = 2
-    delta: float = 0.1
-    lte_head: str | None = None
+    setting: EarlyExitSetting
     score: float | None = None
     mean_flops: float | None = None
     full_score: float | None = None
@@ -49,17 +48,55 @@ class OperatingPoint:
     model: str | None = None
     task: str | None = None
     source: str = ""
-    precision: str = "fp32"  # what the sweep ran at (elasticbert.precision); results before it recorded one: fp32
 
     def describe(self) -> str:
         """One line for the log: the point, where it came from, and what it costs and scores against the full model."""
-        name = "static (the full model)" if self.strategy == "static" else f"{self.strategy} τ={self.threshold:g}"
-        parts = [f"{name} ({self.precision}) from {self.source}"]
+        parts = [f"{self.setting.describe()} ({self.setting.precision}) from {self.source}"]
         if self.score is not None and self.full_score is not None:
             parts.append(f"score {self.score:.2f} vs the full fp32 model's {self.full_score:.2f}")
         if self.mean_flops and self.full_flops:
             parts.append(f"FLOPs x{self.full_flops / self.mean_flops:.2f} fewer")
         return ", ".join(parts)
+
+
+def chosen_setting(
+    operating_point: str | OperatingPoint | None,
+    strategy: str | None,
+    threshold: float | None,
+    **overrides: object,
+) -> tuple[EarlyExitSetting | None, OperatingPoint | None]:
+    """The setting options name, and the operating point it came from: `operating_point` (`RESULT.json[:RULE]`,
+    among `strategy`'s points when given), else `strategy` at `threshold`, else (None, None); `overrides` that are
+    not None (patience, delta, lte_head) replace the setting's. Only checks that the options do not contradict each
+    other: the setting itself is checked where its rule is made (`elasticbert.early_exit.rule_for`)."""
+    point = None
+    if operating_point is not None:
+        if threshold is not None:
+            raise ConfigError("--operating-point chooses the threshold: pass it or --threshold, not both")
+        point = operating_point
+        if not isinstance(point, OperatingPoint):
+            point = choose_operating_point(operating_point, strategy)
+        setting = point.setting
+    elif strategy is not None:
+        setting = EarlyExitSetting(strategy, threshold)
+    elif threshold is not None:
+        raise ConfigError("--threshold needs --strategy (each strategy has its own threshold scale)")
+    else:
+        return None, None
+    return replace(setting, **{k: v for k, v in overrides.items() if v is not None}), point
+
+
+def run_precision(asked: str | None, calibrated: str | None, strategy: str) -> str:
+    """The precision to run a threshold at: the one asked for, else the one it was chosen at (`calibrated`; None: a
+    threshold given by hand), else fp32. A threshold chosen at one precision and run at another is refused (its
+    accuracy was measured on other logits)."""
+    if asked is not None and calibrated is not None and asked != calibrated and strategy != "static":
+        raise ConfigError(
+            f"precision {asked}: this {strategy} threshold was chosen at {calibrated}; sweep at {asked} "
+            f"(early-exit --precision {asked}) for a threshold whose accuracy holds there, or pass --precision "
+            f"{calibrated}"
+        )
+    return asked or calibrated or "fp32"
 
 
 def load_result(path: str | Path) -> dict:
@@ -180,13 +217,17 @@ def choose_operating_point(spec: str, strategy: str | None = None) -> OperatingP
     # a sweep at reduced precision is measured against the fp32 model's score: "within D" of the model as trained
     reference = result.get("full_model_fp32") or full
     point = _pick(candidates, rule, reference.get("score"), str(path))
-    strategy_name = point["strategy"]
+    name = point["strategy"]
+    setting = EarlyExitSetting(
+        name,
+        point["threshold"],
+        point.get("patience", 2),
+        point.get("delta", 0.1),
+        _precision(result, str(path)),
+        result.get("lte_head") if name == "lte" else None,
+    )
     return OperatingPoint(
-        strategy=strategy_name,
-        threshold=point["threshold"],
-        patience=point.get("patience", 2),
-        delta=point.get("delta", 0.1),
-        lte_head=result.get("lte_head") if strategy_name == "lte" else None,
+        setting,
         score=point["score"],
         mean_flops=point["mean_flops"],
         full_score=reference.get("score"),
@@ -195,7 +236,6 @@ def choose_operating_point(spec: str, strategy: str | None = None) -> OperatingP
         model=result.get("model"),
         task=result.get("task"),
         source=f"{path} ({rule})",
-        precision=_precision(result, str(path)),
     )
 
 

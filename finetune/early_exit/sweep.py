@@ -8,34 +8,25 @@ split; `write_samples` keeps a per-sample TSV of each point.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from common.config import choice_problem
 from common.errors import ConfigError
 from common.io import atomic_write_text, make_dirs
 from elasticbert import ElasticBertForSequenceClassification
+from elasticbert.early_exit import ExitRule, make_rule
+from elasticbert.exit_setting import RULES, EarlyExitSetting, default_sweep, degenerate_problem, threshold_problem
 from elasticbert.precision import model_precision
 
 from ..data import Batch, EncodedSplit
 from ..tasks import TaskSpec
 from .engine import EarlyExitResult, exit_histogram, per_sample_flops, run_dataset, run_full_model, static_flops
 from .lte import LearnedExitHead
-from .rules import (
-    CLASSIFICATION_ONLY,
-    STRATEGIES,
-    ExitRule,
-    Strategy,
-    default_sweep,
-    degenerate_problem,
-    make_rule,
-    threshold_problem,
-)
+from .rules import STRATEGIES
 
 RESULT_KIND = "elasticbert-early-exit"
 RESULT_FORMAT = f"{RESULT_KIND}/1"
@@ -50,7 +41,7 @@ def is_early_exit_result(data: object) -> bool:
 class SweepConfig:
     """Everything a sweep needs besides the model and data; the `early-exit` options take their defaults from here."""
 
-    strategies: list[Strategy] = field(default_factory=lambda: list(STRATEGIES))
+    strategies: list[str] = field(default_factory=lambda: list(STRATEGIES))
     thresholds: dict[str, list[float]] = field(default_factory=dict)  # per strategy; default: `default_sweep`
     batch_size: int = 32
     repeats: int = 1  # timing repeats; the minimum wall time is kept
@@ -63,16 +54,13 @@ class SweepConfig:
     def validate(self) -> SweepConfig:
         """Every problem with the strategies, thresholds and numeric options, at once (a grid none of whose points
         depends on the input is one; a grid with some such points is run without them, see `usable_thresholds`)."""
-        problems = [p for s in self.strategies if (p := choice_problem("--strategy", s, STRATEGIES))]
+        base = EarlyExitSetting("static", patience=self.patience, delta=self.delta)  # the rules' own parameters
+        problems = [
+            p for s in self.strategies for p in replace(base, strategy=s).rule_problems(self.num_labels, STRATEGIES)
+        ]
         if self.batch_size < 1 or self.repeats < 1:
             problems.append(f"--batch-size and --repeats must be >= 1, got {self.batch_size} and {self.repeats}")
-        if self.patience < 1:
-            problems.append(
-                "--patience (PCEE's consecutive confident exits) must be >= 1 (0 would exit every sample at the "
-                f"first exit whatever the threshold), got {self.patience}"
-            )
-        if not (self.delta >= 0 and math.isfinite(self.delta)):
-            problems.append(f"--delta must be >= 0, got {self.delta}")
+        problems += base.parameter_problems()
         for name, thresholds in self.thresholds.items():
             problems += [p for tau in thresholds if (p := threshold_problem(name, tau))]
             if thresholds and not problems and not usable_thresholds(name, thresholds, self.num_labels)[0]:
@@ -113,17 +101,11 @@ def parse_thresholds(text: str | None) -> list[float] | None:
 
 
 def resolve_strategies(text: str, num_labels: int) -> list[str]:
-    """`--strategy`: a comma list or 'all' (for regression, 'all' leaves out the rules that need probabilities)."""
-    names = list(STRATEGIES) if text == "all" else [s.strip() for s in text.split(",") if s.strip()]
-    for name in names:
-        if name not in STRATEGIES:
-            raise ConfigError(f"unknown strategy {name!r}; expected one of {', '.join(STRATEGIES)} or 'all'")
-    if num_labels == 1:
-        skipped = [n for n in names if n in CLASSIFICATION_ONLY]
-        names = [n for n in names if n not in CLASSIFICATION_ONLY]
-        if skipped and text != "all":
-            raise ConfigError(f"strategies {skipped} need class probabilities; this task is regression")
-    return names
+    """`--strategy`: a comma list or 'all' (for regression, 'all' leaves out the rules that need probabilities; named,
+    they are refused by `SweepConfig.validate`, as is an unknown name)."""
+    if text != "all":
+        return [s.strip() for s in text.split(",") if s.strip()]
+    return [name for name in STRATEGIES if num_labels != 1 or not RULES[name].classification_only]
 
 
 # ----------------------------------------------------------------------------------------------- operating points
@@ -187,11 +169,10 @@ def evaluate_point(
     batches: Sequence[Batch],
     reference: Reference,
     repeats: int = 1,
-    lte_in_features: int = 0,
 ) -> tuple[dict, EarlyExitResult]:
     """One operating point: score, mean FLOPs, FLOPs and wall-time speed-ups against `reference`, exit histogram."""
     result, wall = _timed(lambda: run_dataset(model, batches, rule), repeats)
-    total, _ = per_sample_flops(model.config, result, lte_in_features)
+    total, _ = per_sample_flops(model.config, result, rule.head_width)
     metrics = score_logits(task, result.logits, split.labels)
     point = {
         **rule.params(),
@@ -318,14 +299,13 @@ def sweep_strategy(
 ) -> list[dict]:
     """Every threshold of one strategy: its operating points (speed-ups provisional until the reference settles)."""
     num_labels = model.config.num_labels
-    lte_dim = config.lte_head.linear.in_features if name == "lte" and config.lte_head is not None else 0
     points = []
     for tau in thresholds_for(name, config, num_labels, len(model.exit_layers), log):
         rule = make_rule(name, tau, num_labels, config.patience, config.delta, lte_head=config.lte_head)
-        point, result = evaluate_point(model, split, task, rule, batches, reference, config.repeats, lte_dim)
+        point, result = evaluate_point(model, split, task, rule, batches, reference, config.repeats)
         points.append(point)
         if config.samples_dir is not None:
-            flops, _ = per_sample_flops(model.config, result, lte_dim)
+            flops, _ = per_sample_flops(model.config, result, rule.head_width)
             write_samples(config.samples_dir / f"{name}_{tau:g}.tsv", split, result, flops)
         score = "n/a" if point["score"] is None else f"{point['score']:.2f}"
         log(

@@ -267,3 +267,39 @@ def test_write_all_never_drops_the_tail_of_a_short_write(tmp_path):
         with open(small / "out", "wb", buffering=0) as raw, pytest.raises(OSError) as err:
             write_all(raw, b"x" * 100_000, "<stdout>")
         assert err.value.errno == errno.ENOSPC and err.value.filename == "<stdout>"
+
+
+def test_shared_options_parse_the_same_everywhere(monkeypatch):
+    import argparse
+    import dataclasses
+    import typing
+
+    from common.cli import Device, add_data_dir, add_device, add_threads
+    from finetune.config import TrainConfig
+
+    monkeypatch.setenv("GLUE_DIR", "/data/glue")
+    parser = argparse.ArgumentParser()
+    add_device(parser)
+    add_data_dir(parser)
+    add_threads(parser, default=3)
+    assert vars(parser.parse_args([])) == {"device": "auto", "data_dir": "/data/glue", "threads": 3}
+    assert parser.parse_args(["--device", "cpu", "--threads", "1"]).device == "cpu"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--device", "tpu"])
+    # finetune's train.device is the same option: the same choices and default
+    field = {f.name: f for f in dataclasses.fields(TrainConfig)}["device"]
+    assert typing.get_args(typing.get_type_hints(TrainConfig)["device"]) == typing.get_args(Device)
+    assert field.default == "auto"
+
+
+def test_call_with_options_passes_the_options_of_the_same_name():
+    import argparse
+
+    from common.cli import call_with_options
+
+    def library(model_dir, data_dir=None, batch_size=64, device="auto"):
+        return model_dir, data_dir, batch_size, device
+
+    args = argparse.Namespace(model="m", data_dir="d", device="cpu", func=print, debug=False)
+    assert call_with_options(library, args, model_dir=args.model) == ("m", "d", 64, "cpu")  # no --batch-size: default
+    assert call_with_options(library, args, model_dir="x", device="cuda") == ("x", "d", 64, "cuda")  # given wins

@@ -199,3 +199,28 @@ def test_missing_manifest_or_dir(tmp_path, damaged, small_prepared):
     with pytest.raises(DataPrepError, match=r"manifest\.json: missing"):
         PreparedCorpus(damaged)
     assert verify_dir(damaged) == [f"{damaged / 'manifest.json'}: missing (tokenize/finalize has not finished)"]
+
+
+def test_a_stage_that_needs_every_unit_names_the_missing_ones():
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from data_prep.dedup_stages import every_unit, stage_result, task_units
+
+    ctx = SimpleNamespace(out=Path("/out"), plan={"units": list(range(25))})
+    assert every_unit(ctx, [{"u": 0}, {"u": 1}], "are not written yet", "run it") == [{"u": 0}, {"u": 1}]
+    with pytest.raises(DataPrepError) as err:
+        every_unit(ctx, [None] * 22 + [{}], "are not written yet", "run --stage write for them first")
+    assert str(err.value) == (
+        "/out: 22 of 23 units are not written yet (units 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, "
+        "17, 18, 19 ...): run --stage write for them first"
+    )
+    run = SimpleNamespace(task_index=1, num_tasks=10)
+    assert task_units(ctx, run) == [1, 11, 21]
+    assert stage_result("write", run, [1, 11, 21], [21]) == {
+        "stage": "write",
+        "task": 1,
+        "num_tasks": 10,
+        "units": 3,
+        "units_done_now": [21],
+    }

@@ -54,7 +54,7 @@ def train_argv(glue: Path, out: Path, *extra: str, model: Path | None = None) ->
         str(out),
         "--layers",
         "1",
-        "--max-steps",
+        "--train-steps",
         "1",
         "--batch-size",
         "4",
@@ -377,7 +377,7 @@ def test_corrupt_files_of_the_other_commands(tmp_path, capsys, glue, finished):
     shutil.copy(minilm_dir() / "vocab.txt", notok)
     (notok / "tokenizer_config.json").write_text("{")
     message = error_of(capsys, train_argv(glue, tmp_path / "o4", unverified, model=notok))
-    assert "tokenizer_config.json: not valid JSON" in message
+    assert "tokenizer_config.json:1:2: not valid JSON" in message
     # an early-exit LTE head that is not a safetensors file; an earlier result that is not JSON
     ee = [
         "early-exit",
@@ -409,8 +409,8 @@ def test_corrupt_files_of_the_other_commands(tmp_path, capsys, glue, finished):
         capsys, train_argv(glue, tmp_path / "o7", "--ds-config", str(tmp_path / "ds.json"))
     )
     # a recipe file with a bad value
-    (tmp_path / "r.yaml").write_text("optim:\n  warmup: lots\n")
-    assert "r.yaml: optim.warmup: expected a number, got 'lots'" in error_of(
+    (tmp_path / "r.yaml").write_text("optim:\n  warmup_fraction: lots\n")
+    assert "r.yaml: optim.warmup_fraction: expected a number, got 'lots'" in error_of(
         capsys, train_argv(glue, tmp_path / "o5", "--recipe", str(tmp_path / "r.yaml"))
     )
 
@@ -629,7 +629,7 @@ def test_interrupt_is_exit_130_without_traceback(tmp_path, glue):
     as under a terminal: a suite launched in the background (`cmd &` without job control) inherits SIGINT ignored,
     and Python then installs no KeyboardInterrupt handler: the trainer ran on (the hang of the background CI runs)."""
     run = tmp_path / "run"
-    argv = train_argv(glue, run, "--max-steps", "100000", "--max-train-examples", "16")
+    argv = train_argv(glue, run, "--train-steps", "100000", "--max-train-examples", "16")
     proc = subprocess.Popen(
         [sys.executable, "-X", "faulthandler", "-m", "finetune", *argv],
         cwd=tmp_path,
@@ -713,7 +713,7 @@ def test_predict_options_are_checked_before_anything_runs(tmp_path, capsys, fini
         (["--strategy", "lte", "--threshold", "0.2"], "strategy 'lte' needs a trained LearnedExitHead"),
         (["--strategy", "lte", "--threshold", "0.2", "--lte-head", str(tmp_path / "h.st")], "no LTE head file"),
         (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
-        (["--strategy", "pcee", "--threshold", "0.3", "--patience", "0"], "--patience must be >= 1, got 0"),
+        (["--strategy", "pcee", "--threshold", "0.3", "--patience", "0"], "--patience (PCEE's consecutive confident"),
         (["--max-length", "4096"], "embeds 1..512 positions"),
         (["--input", str(tmp_path / "missing.txt")], "--input " + str(tmp_path / "missing.txt") + ": no such file"),
         (["--operating-point", str(tmp_path / "r.json")], "r.json: no such file"),

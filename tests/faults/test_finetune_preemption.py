@@ -159,7 +159,7 @@ def test_sigterm_before_the_first_step(tmp_path, monkeypatch, capsys, reference)
 def test_a_real_sigterm_from_outside(tmp_path, reference):
     """As Slurm sends it: to the `python -m finetune train` process, at whatever moment it is in."""
     out = tmp_path / "run"
-    argv = train_argv(out, "jt", "--max-steps", "30", "--eval-every", "10")
+    argv = train_argv(out, "jt", "--train-steps", "30", "--eval-every", "10")
     proc = subprocess.Popen([sys.executable, "-m", "finetune", *argv], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while not list((out / "tensorboard").glob("events.*")) and time.time() < deadline and proc.poll() is None:
@@ -173,7 +173,7 @@ def test_a_real_sigterm_from_outside(tmp_path, reference):
     resumed = subprocess.run([sys.executable, "-m", "finetune", *argv], cwd=tmp_path, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming the preempted run from" in resumed.stderr
-    assert results(out) == reference("jt", "--max-steps", "30", "--eval-every", "10")[0]
+    assert results(out) == reference("jt", "--train-steps", "30", "--eval-every", "10")[0]
 
 
 # -------------------------------------------------------------------------------------- a checkpoint not to trust

@@ -61,7 +61,7 @@ def glue(tmp_path_factory) -> Path:
 def train_argv(glue: Path, out: Path, *extra: str, model: Path | None = None) -> list[str]:
     """A run of seconds: one layer, one step, a few rows."""
     argv = ["train", "--model", str(model or minilm_dir()), "--task", "SST-2", "--data-dir", str(glue)]
-    argv += ["--output", str(out), "--layers", "1", "--max-steps", "1", "--batch-size", "4", "--max-length", "32"]
+    argv += ["--output", str(out), "--layers", "1", "--train-steps", "1", "--batch-size", "4", "--max-length", "32"]
     return [*argv, "--no-progress", *extra]
 
 

@@ -370,7 +370,7 @@ def test_save_early_exit_on_a_full_disk_keeps_the_model_loadable(tmp_path, capsy
         code, _, err = run(capsys, argv)
         assert code == 74 and f"{model / 'config.json'}: No space left on device (ENOSPC" in one_error(err)
         assert {p.name: p.read_bytes() for p in model.iterdir() if p.suffix == ".json"} == before
-        assert EarlyExitClassifier.from_pretrained(model).setting["strategy"] == "static"
+        assert EarlyExitClassifier.from_pretrained(model).setting.strategy == "static"
 
 
 def test_save_early_exit_restores_config_when_the_checksums_cannot_be_written(tmp_path, monkeypatch, sst2):
@@ -458,8 +458,8 @@ def test_save_early_exit_and_operating_points_skip_degenerate_settings(tmp_path,
     points.insert(0, old)  # what `--sweep 0,1` wrote before patience 0 was refused
     path.write_text(json.dumps(result))
     point = choose_operating_point(f"{path}:fastest-within=1.0")
-    assert point.strategy != "patience" or point.threshold == 1.0
-    assert (point.strategy, point.threshold) != ("patience", 0.0)
+    assert point.setting.strategy != "patience" or point.setting.threshold == 1.0
+    assert (point.setting.strategy, point.setting.threshold) != ("patience", 0.0)
     code, _, err = run(capsys, ["submission", "--results", str(path), "--output", str(tmp_path / "sub")])
     assert code == 0, err
     assert "submission: skipped 1 point(s): patience threshold 0: " in err

@@ -25,13 +25,13 @@ def test_the_three_recipes_carry_the_papers_numbers():
     assert recipe_names() == ["acl", "elasticbert-dynamic", "elasticbert-static"]
     static = resolved("--recipe", "elasticbert-static")
     o, t = static.optim, static.train
-    assert (o.lr, t.batch_size, o.warmup, t.epochs) == (2e-5, 32, 0.06, 10.0)
+    assert (o.lr, t.batch_size, o.warmup_fraction, t.epochs) == (2e-5, 32, 0.06, 10.0)
     assert (t.early_stopping_patience, t.eval_every, o.exit_lr) == (10, 50, None)
     assert (static.model.exits, o.weight_decay, static.data.max_length) == (None, 0.1, 128)
 
     jt = resolved("--recipe", "elasticbert-dynamic")
     assert (jt.model.exits, jt.method.name, jt.train.epochs, jt.method.gradient_equilibrium) == ("all", "jt", 5.0, True)
-    assert (jt.optim.lr, jt.train.batch_size, jt.optim.warmup, jt.optim.exit_lr) == (2e-5, 32, 0.06, None)
+    assert (jt.optim.lr, jt.train.batch_size, jt.optim.warmup_fraction, jt.optim.exit_lr) == (2e-5, 32, 0.06, None)
     alt = resolved("--recipe", "elasticbert-dynamic", "--method", "alt")
     assert alt.train.epochs == 5.0
     two_stage = resolved("--recipe", "elasticbert-dynamic", "--method", "2st")
@@ -40,7 +40,7 @@ def test_the_three_recipes_carry_the_papers_numbers():
 
     acl = resolved("--recipe", "acl")
     obj = acl.objective
-    assert (acl.optim.lr, acl.optim.warmup, acl.train.epochs, obj.tau) == (2e-5, 0.1, 15.0, 0.5)
+    assert (acl.optim.lr, acl.optim.warmup_fraction, acl.train.epochs, obj.tau) == (2e-5, 0.1, 15.0, 0.5)
     # the two departures issue 29 measured (the preset's comments give the evidence): λ 0.01, mean over the anchors
     assert (obj.lam, obj.contrastive_reduction) == (0.01, "mean")
     assert (obj.name, obj.acl_grad, obj.acl_grad_threshold, acl.optim.exit_lr) == ("acl", True, 90.0, None)
@@ -51,7 +51,7 @@ def test_explicit_flags_override_the_recipe_even_when_equal_to_the_default():
         "--recipe", "elasticbert-static", "--lr", "3e-5", "--weight-decay", "0.01", "--exit-lr", "1e-3"
     )
     assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.exit_lr) == (3e-5, 0.01, 1e-3)  # 0.01: the default too
-    assert cfg.train.epochs == 10.0 and cfg.optim.warmup == 0.06  # the rest from the recipe
+    assert cfg.train.epochs == 10.0 and cfg.optim.warmup_fraction == 0.06  # the rest from the recipe
     given = {key: source for key, source in sources.items() if source.startswith("--")}
     assert given == {
         "model.path": "--model",
@@ -60,7 +60,7 @@ def test_explicit_flags_override_the_recipe_even_when_equal_to_the_default():
         "optim.weight_decay": "--weight-decay",
         "optim.exit_lr": "--exit-lr",
     }
-    assert sources["train.epochs"] == sources["optim.warmup"] == "recipe elasticbert-static"
+    assert sources["train.epochs"] == sources["optim.warmup_fraction"] == "recipe elasticbert-static"
     assert sources["train.seed"] == "default"
     two_stage = resolved("--recipe", "elasticbert-dynamic", "--method", "2st", "--epochs", "2")
     assert (two_stage.train.epochs, two_stage.method.stage2_epochs) == (2.0, 3.0)
@@ -152,7 +152,7 @@ def test_recipe_run_records_its_provenance_and_stops_early(tmp_path, minilm, glu
         "elasticbert-static",
         "--layers",
         "1",
-        "--max-steps",
+        "--train-steps",
         "6",
         "--eval-every",
         "1",
@@ -175,10 +175,10 @@ def test_recipe_run_records_its_provenance_and_stops_early(tmp_path, minilm, glu
     assert "elasticbert-static: overridden on the command line:" in err and "stopped early" in err
     saved = json.loads((out / "run_config.json").read_text())
     config, sources = saved["config"], saved["sources"]
-    assert config["optim"]["warmup"] == 0.06 and config["optim"]["weight_decay"] == 0.1
+    assert config["optim"]["warmup_fraction"] == 0.06 and config["optim"]["weight_decay"] == 0.1
     assert config["optim"]["lr"] == 1e-7 and config["train"]["eval_every"] == 1
     assert config["train"]["early_stopping_patience"] == 1
-    assert sources["optim.warmup"] == "recipe elasticbert-static" and sources["optim.lr"] == "--lr"
+    assert sources["optim.warmup_fraction"] == "recipe elasticbert-static" and sources["optim.lr"] == "--lr"
     # the recipe's values the flags replaced
     recipe = load_config_file("elasticbert-static").values
     replaced = {

@@ -75,7 +75,7 @@ def test_wordpiece_segment_ids_follow_the_model(minilm, tmp_path):
 def test_roberta_backbone_fine_tunes_end_to_end_with_its_own_tokenizer(tmp_path, roberta_dir, glue_dir, capsys):
     out = tmp_path / "run"
     argv = ["train", "--model", str(roberta_dir), "--task", "RTE", "--data-dir", str(glue_dir), "--output", str(out)]
-    argv += ["--exits", "--max-steps", "3", "--batch-size", "8", "--max-length", "48", "--max-train-examples", "32"]
+    argv += ["--exits", "--train-steps", "3", "--batch-size", "8", "--max-length", "48", "--max-train-examples", "32"]
     argv += ["--max-dev-examples", "16", "--no-progress"]
     assert main(argv) == 0
     assert tokenizer_kind(out / "best") == "auto"  # its BPE tokenizer was saved with the model, and reloads as such
@@ -93,7 +93,7 @@ def test_roberta_backbone_fine_tunes_end_to_end_with_its_own_tokenizer(tmp_path,
     # RoBERTa's positions start at pad_token_id + 1: 66 embeddings hold 64 tokens, and a longer --max-length is
     # refused up front instead of failing at the first long row
     capsys.readouterr()
-    assert main([*argv[:7], "--output", str(tmp_path / "long"), "--max-length", "65", "--max-steps", "1"]) == 2
+    assert main([*argv[:7], "--output", str(tmp_path / "long"), "--max-length", "65", "--train-steps", "1"]) == 2
     assert "embeds at most 64 positions" in capsys.readouterr().err
 
 
@@ -105,7 +105,7 @@ def test_model_and_tokenizer_by_hub_name_from_an_offline_cache(tmp_path, monkeyp
     out = tmp_path / "run"
     name = "sentence-transformers/all-MiniLM-L6-v2"
     argv = ["train", "--model", name, "--tokenizer", name, "--task", "SST-2", "--data-dir", str(glue_dir)]
-    argv += ["--output", str(out), "--layers", "1", "--max-steps", "2", "--batch-size", "4", "--max-length", "32"]
+    argv += ["--output", str(out), "--layers", "1", "--train-steps", "2", "--batch-size", "4", "--max-length", "32"]
     argv += ["--max-train-examples", "16", "--max-dev-examples", "16", "--no-progress"]
     assert main(argv) == 0
     saved = json.loads((out / "run_config.json").read_text())

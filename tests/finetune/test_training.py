@@ -24,7 +24,7 @@ TINY = dict(
     eval_batch_size=64,
     max_train_examples=64,
     max_dev_examples=32,
-    max_steps=2,
+    train_steps=2,
     lr=1e-4,
     exit_lr=1e-3,
     progress=False,
@@ -63,7 +63,7 @@ def test_sst2_learns_clearly_above_majority(tmp_path, minilm, glue_dir):
             max_dev_examples=200,
             batch_size=16,
             max_length=40,
-            max_steps=40,
+            train_steps=40,
             lr=2e-4,
             exit_lr=2e-3,
         ),
@@ -150,7 +150,7 @@ def test_every_method_exit_type_and_objective(tmp_path, minilm, glue_dir, method
 
     if extra["objective"] != "ce":  # ACL diagnostics: angles per batch, drop rate, a plot
         diag = json.loads((out / "acl_diagnostics.json").read_text())
-        assert diag["batches"] == TINY["max_steps"] * len(phases) and diag["acl_grad"] is extra["acl_grad"]
+        assert diag["batches"] == TINY["train_steps"] * len(phases) and diag["acl_grad"] is extra["acl_grad"]
         angles = [r["angle"] for r in diag["records"]]
         assert all(a is None or 0.0 <= a <= 180.0 for a in angles) and any(a is not None for a in angles)
         assert 0.0 <= diag["drop_rate"] <= 1.0 and 0.0 <= diag["fraction_over_90"] <= 1.0
@@ -280,7 +280,7 @@ def _error(capsys, argv):
 
 
 def test_cli_errors_are_clear(tmp_path, capsys, minilm, glue_dir, rte_run):
-    base = ["train", "--data-dir", str(glue_dir), "--output", str(tmp_path / "o"), "--max-steps", "1"]
+    base = ["train", "--data-dir", str(glue_dir), "--output", str(tmp_path / "o"), "--train-steps", "1"]
     empty = tmp_path / "empty"
     empty.mkdir()
     assert "no config.json" in _error(capsys, base + ["--model", str(empty), "--task", "RTE"])
@@ -327,7 +327,7 @@ def test_deepspeed_engine_runs_both_2st_stages(tmp_path, minilm, glue_dir, monke
         out,
     )
     assert set(read_scores(out)["best"]["exits"]) == {"1", "2"}
-    assert json.loads((out / "acl_diagnostics.json").read_text())["batches"] == 2 * TINY["max_steps"]
+    assert json.loads((out / "acl_diagnostics.json").read_text())["batches"] == 2 * TINY["train_steps"]
 
 
 def test_trains_from_our_pretraining_export(tmp_path, minilm, glue_dir, tokenizer):
@@ -363,7 +363,7 @@ def test_trains_from_our_pretraining_export(tmp_path, minilm, glue_dir, tokenize
                 "mha",
                 "--method",
                 "alt",
-                "--max-steps",
+                "--train-steps",
                 "2",
                 "--batch-size",
                 "4",

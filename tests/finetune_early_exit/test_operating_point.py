@@ -52,16 +52,16 @@ def result(tmp_path):
 )
 def test_rules_pick_the_point_they_name(result, rule, strategy, want):
     point = choose_operating_point(f"{result}:{rule}", strategy)
-    assert (point.strategy, point.threshold) == want
+    assert (point.setting.strategy, point.setting.threshold) == want
     assert point.max_length == 64 and point.full_score == 90.0 and point.full_flops == 100.0
 
 
 def test_the_point_carries_its_parameters_and_the_default_rule(result):
     pcee = choose_operating_point(f"{result}:pcee=0.2")
-    assert (pcee.patience, pcee.score, pcee.mean_flops) == (3, 85.0, 30.0)
+    assert (pcee.setting.patience, pcee.score, pcee.mean_flops) == (3, 85.0, 30.0)
     assert "pcee τ=0.2" in pcee.describe() and "x3.33 fewer" in pcee.describe()
     default = choose_operating_point(str(result))  # fastest-within=1.0
-    assert (default.strategy, default.threshold) == ("patience", 1.0)
+    assert (default.setting.strategy, default.setting.threshold) == ("patience", 1.0)
     assert "fastest-within=1.0" in default.source
 
 
@@ -92,7 +92,7 @@ def test_bad_rules_and_results_are_named(result, tmp_path):
     unlabelled.write_text(json.dumps(data))
     with pytest.raises(DataError, match="no scores"):
         choose_operating_point(f"{unlabelled}:best")
-    assert choose_operating_point(f"{unlabelled}:entropy=0.1").threshold == 0.1
+    assert choose_operating_point(f"{unlabelled}:entropy=0.1").setting.threshold == 0.1
     data["full_model"]["mean_flops"] = 0
     unlabelled.write_text(json.dumps(data))
     with pytest.raises(DataError, match="full_model.*'mean_flops' must be a number > 0"):

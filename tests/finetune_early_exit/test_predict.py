@@ -98,7 +98,8 @@ def test_python_api_and_pipeline_agree_with_the_cli(
     save_classifier(load_finetuned(saved_model), deployed, finetuning_task="SST-2")
     save_early_exit(deployed, "entropy", entropy_tau)
     saved = EarlyExitClassifier.from_pretrained(deployed)  # no rule given: the config's setting
-    assert saved.setting == {"strategy": "entropy", "threshold": entropy_tau} and saved.predict(dev_texts) == api
+    assert saved.setting.to_dict() == {"strategy": "entropy", "threshold": entropy_tau}
+    assert saved.predict(dev_texts) == api
     classify = pipeline("text-classification", model=str(deployed))
     one_by_one = saved.predict(dev_texts, batch_size=1)
     # one text per batch on both sides: the same computation; padded batches differ by float noise, which the

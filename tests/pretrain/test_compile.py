@@ -91,7 +91,7 @@ def test_a_compiled_zero2_run_learns_and_resumes_exactly(compiled_runs):
         a, b = whole[step], resumed[step]
         assert a["samples_digest"] == b["samples_digest"] and a["active_exits"] == b["active_exits"]
         assert abs(a["loss"] - b["loss"]) <= 1e-6, f"step {step}: {b['loss']} vs {a['loss']}"
-        assert round(a["tokens"] / (1 - a["padding_fraction"])) == 16 * 128  # every batch at data.max_seq_len
+        assert round(a["tokens"] / (1 - a["padding_fraction"])) == 16 * 128  # every batch at data.max_length
     assert whole[STEPS - 1]["loss"] < whole[1]["loss"] and whole[STEPS]["loss"] < whole[2]["loss"]  # per group
     evals = [
         {r["step"]: r for r in map(json.loads, (compiled_runs[k] / "eval.jsonl").read_text().splitlines())}

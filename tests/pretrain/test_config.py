@@ -21,7 +21,7 @@ CPU = DeviceCaps.cpu()
 
 def test_shipped_configs_load_and_match_the_design():
     base = load_config(CONFIGS / "elasticbert_base_scratch.yaml")
-    assert (base.model.num_hidden_layers, base.exits.num_groups, base.data.max_seq_len) == (12, 2, 512)
+    assert (base.model.num_hidden_layers, base.exits.num_groups, base.data.max_length) == (12, 2, 512)
     assert (base.train.global_batch_size, base.train.train_steps) == (4096, 125_000)
     assert base.exit_groups() == [(1, 3, 5, 7, 9, 11, 12), (2, 4, 6, 8, 10, 12)]
     validate(base, world_size=64)  # 64 GPUs: 32 x 64 x accumulation 2
@@ -110,7 +110,7 @@ def test_overrides_are_typed_and_reach_nested_lists():
         (["train.global_batch_size=18"], "global_batch_size=18 is not divisible by train.micro_batch_size=4"),
         (["train.micro_batch_size=many"], "train.micro_batch_size: expected an integer"),
         (["model.hidden_size=65"], "not a multiple of num_attention_heads"),
-        (["data.max_seq_len=256"], "exceeds model.max_position_embeddings=128"),
+        (["data.max_length=256"], "exceeds model.max_position_embeddings=128"),
         (["data.corpora=[]"], "at least one prepared corpus"),
         (["optim.warmup_steps=99"], "optim.warmup_steps=99 must be within 0..train.train_steps=30"),
         (["optim.name=lamb", "train.zero_stage=1"], "LAMB's per-tensor trust ratio"),

@@ -29,7 +29,7 @@ def test_init_from_minilm_maps_bert_weights(prepared_gutenberg):
 
     from elasticbert import minilm_dir
 
-    cfg = load_config(TINY, ["model.init_from=minilm", "model.num_hidden_layers=6", "data.max_seq_len=128"])
+    cfg = load_config(TINY, ["model.init_from=minilm", "model.num_hidden_layers=6", "data.max_length=128"])
     model, origin = build_model(cfg, 30522, prepared_gutenberg / "tokenizer")
     assert "Loaded" in origin and model.config.hidden_size == 384 and model.config.num_hidden_layers == 6
     src = load_file(minilm_dir() / "model.safetensors")

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS = 60
 # a run of ~20-40 s on one CPU: long enough to be signalled in the middle of it
 ARGS = ["--exits", "1,2", "--max-length", "32", "--batch-size", "4", "--max-train-examples", "24"]
-ARGS += ["--max-dev-examples", "16", "--max-steps", str(STEPS), "--eval-every", "20", "--no-progress"]
+ARGS += ["--max-dev-examples", "16", "--train-steps", str(STEPS), "--eval-every", "20", "--no-progress"]
 
 
 def sbatch_directives(path: Path) -> list[str]:

@@ -80,7 +80,7 @@ def test_pretrain_base_preemption_requeues_once_and_completes(slurm_cluster, sta
     env = standin_env(PRETRAIN_MODULE="standin_trainer", CONFIG=cfg, DS_CONFIG=ds, RUN_DIR=run_dir)
     # submitted from the repo root without EB_ROOT: the script must find the repo through SLURM_SUBMIT_DIR
     jid = slurm_cluster.sbatch(
-        *SMALL, f"--output={out}", "slurm/pretrain_base.sh", "--set", "train.max_steps=3", env=env
+        *SMALL, f"--output={out}", "slurm/pretrain_base.sh", "--set", "train.train_steps=3", env=env
     )
     slurm_cluster.wait_state(jid, "RUNNING", timeout=60)
     # both ranks have their handlers installed (and the batch shell its trap) before we signal
@@ -103,7 +103,7 @@ def test_pretrain_base_preemption_requeues_once_and_completes(slurm_cluster, sta
     ]
     for s in starts:
         assert s["argv"][:2] == ["train", "--config"] and s["argv"][2] == str(cfg)
-        assert s["argv"][3:] == ["--output", str(run_dir), "--ds-config", str(ds), "--set", "train.max_steps=3"]
+        assert s["argv"][3:] == ["--output", str(run_dir), "--ds-config", str(ds), "--set", "train.train_steps=3"]
         assert s["env"]["WORLD_SIZE"] == "2" and s["env"]["MASTER_PORT"] == str(10000 + int(jid) % 20000)
         assert s["cwd"] == str(REPO) and s["python"].startswith(str(REPO / ".venv"))
     for rank in (0, 1):
@@ -260,7 +260,7 @@ def test_finetune_glue_array_over_tasks_and_seeds(slurm_cluster, standin_env, tm
             "--time=5",
             f"--output={tmp_path}/%x-%A_%a.out",
             "--",
-            "--max-steps",
+            "--train-steps",
             "2",
         ],
         capture_output=True,
@@ -288,7 +288,7 @@ def test_finetune_glue_array_over_tasks_and_seeds(slurm_cluster, standin_env, tm
             out,
             "--model",
             "some/model",
-            "--max-steps",
+            "--train-steps",
             "2",
         ]  # DATA_DIR="" omits --data-dir
         got[int(s["env"]["SLURM_ARRAY_TASK_ID"])] = (task, seed)

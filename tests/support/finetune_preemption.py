@@ -47,7 +47,7 @@ def train_argv(out: Path, method: str = "jt", *extra: str) -> list[str]:
         "12",
         "--max-dev-examples",
         "16",
-        "--max-steps",
+        "--train-steps",
         str(STEPS),
         "--eval-every",
         str(EVAL_EVERY),
