@@ -23,8 +23,9 @@ from pretrain_testlib import (
     wait_for_step,
 )
 
+from data_prep.reader import PreparedCorpus
 from pretrain.config import load_config
-from pretrain.data import SampleOrder
+from pretrain.data import SampleOrder, index_key
 from pretrain.metrics import latest_per_step
 
 pytestmark = pytest.mark.slow
@@ -136,8 +137,13 @@ def test_ranks_read_disjoint_samples_in_the_predicted_order(zero_runs, prepared_
     assert len(all_keys) == 16 * STEPS
     assert len(set(all_keys)) == len(all_keys), "a sample was read twice (within one epoch)"
     # exactly what the order predicts for each rank's slice of each global batch
-    index_size = len(np.load(next((prepared_gutenberg / "index_cache").glob("sample_index_train_*.npy"))))
-    order = SampleOrder([index_size], [1.0], load_config(TINY).train.seed)
+    # this run's index by its key: other tests of the module share the cache with other lengths
+    cfg = load_config(TINY)
+    key = index_key(
+        PreparedCorpus(prepared_gutenberg), "train", cfg.data.max_length, cfg.data.short_seq_prob, cfg.train.seed
+    )
+    index_size = len(np.load(prepared_gutenberg / "index_cache" / f"sample_index_train_{key}.npy"))
+    order = SampleOrder([index_size], [1.0], cfg.train.seed)
     for step in range(STEPS):
         predicted = order(np.arange(step * 16, step * 16 + 16))[1].tolist()
         got = [i for r in (0, 1) for m in (0, 1) for _, i in per_rank[r][(step, m)]]
