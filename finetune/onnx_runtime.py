@@ -21,12 +21,13 @@ import numpy as np
 import torch
 
 from common.errors import ConfigError
-from common.integrity import CHECKSUMS, IntegrityError, verify_directory
+from common.integrity import IntegrityError
 from common.io import read_object
 from elasticbert.configuration import ElasticBertConfig
 from elasticbert.early_exit import LayerRunner
 from elasticbert.exit_setting import PRECISIONS
 from elasticbert.loading import read_config
+from elasticbert.verification import verify_model_directory
 
 from .onnx_export import FORMAT, MANIFEST
 
@@ -44,12 +45,7 @@ def read_manifest(directory: Path) -> dict:
             f"{directory}: not an ONNX early-exit export (no {MANIFEST}); write one with "
             "`python -m finetune export --layout onnx --model RUN/best --output DIR`"
         )
-    if not (directory / CHECKSUMS).is_file():
-        raise IntegrityError(f"{directory / CHECKSUMS}: missing, so the export's pieces cannot be verified")
-    problems = verify_directory(directory)
-    if problems:
-        more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
-        raise IntegrityError(problems[0] + more)
+    verify_model_directory(directory)  # checksums.json (the export is sealed); --no-verify-checksums skips it
     manifest = read_object(directory / MANIFEST, ConfigError, "an ONNX export manifest")
     if manifest.get("format") != FORMAT:
         raise ConfigError(f"{directory / MANIFEST}: format {manifest.get('format')!r}, this code reads {FORMAT!r}")

@@ -16,7 +16,6 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 from common.errors import ConfigError, UserError  # noqa: E402
-from common.integrity import IntegrityError  # noqa: E402
 from elasticbert import save_early_exit  # noqa: E402
 from elasticbert.early_exit import EarlyExitSetting, entropy_nats, make_rule, run_batch  # noqa: E402
 from finetune.early_exit.lte import LearnedExitHead  # noqa: E402
@@ -152,7 +151,7 @@ def test_refusals(saved_model, exported, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(exported, copy)
     (copy / "onnx" / "layer_0.onnx").unlink()
-    with pytest.raises(IntegrityError, match="layer_0.onnx: missing"):
+    with pytest.raises(UserError, match="layer_0.onnx: missing"):
         OnnxLayers(copy)
     shutil.rmtree(copy)
     shutil.copytree(exported, copy)
@@ -160,7 +159,7 @@ def test_refusals(saved_model, exported, tmp_path):
     data = bytearray(piece.read_bytes())
     data[len(data) // 2] ^= 0x01
     piece.write_bytes(bytes(data))
-    with pytest.raises(IntegrityError, match="exit_1.onnx: contents differ"):
+    with pytest.raises(UserError, match="exit_1.onnx: contents differ"):
         OnnxLayers(copy)
     with pytest.raises(ConfigError, match="not an ONNX early-exit export"):
         EarlyExitClassifier.from_pretrained(saved_model, runtime="onnxruntime")
