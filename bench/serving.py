@@ -15,10 +15,11 @@ inputs/s and accuracy of:
                           logits of its own runtime and precision the same way
 
 at batch 1 and 32 and 1 and 2 threads, plus the latency of each input served alone (batch 1: p50 and p99 per
-configuration; one pass, the configurations interleaved input by input). Timing is interleaved: every round runs each configuration once over the whole
-dev set, and the best of `--rounds` is kept per configuration (the machine is shared; best-of-N is the least noisy).
-The thresholds are chosen on the same dev rows they are scored on (ELUE's protocol; optimistic by the choice itself,
-equally for fp32 and int8). onnxruntime is a bench-only extra (`pip install onnxruntime onnx`).
+configuration; one pass, the configurations interleaved input by input). Timing is interleaved: every round runs each
+configuration once over the whole dev set, and the best of `--rounds` is kept per configuration (the machine is
+shared; best-of-N is the least noisy). The thresholds are chosen on the same dev rows they are scored on (ELUE's
+protocol; optimistic by the choice itself, equally for fp32 and int8). Needs onnxruntime and onnx (`pip install
+'.[bench]'`).
 
     .venv/bin/python bench/serving.py --model SST-2=runs/sst2/best --model MRPC=runs/mrpc/best
     .venv/bin/python bench/serving.py --model SST-2=runs/sst2/best --max-examples 64 --rounds 1   # a quick look

@@ -19,7 +19,6 @@ copied. The directory is written beside OUTPUT and renamed when complete. See `e
 from __future__ import annotations
 
 import argparse
-
 from pathlib import Path
 
 from common.cli import add_command, add_output, add_switch
@@ -39,9 +38,10 @@ def check_max_length_of_config(directory: Path, max_length: int) -> None:
     if not 1 <= max_length <= limit:
         raise ConfigError(f"--max-length {max_length}: {directory} embeds 1..{limit} positions")
 
+
 EPILOG = """examples:
   python -m finetune export --model runs/sst2/best --output exports/sst2_fnlp --layout fnlp
-  python -m finetune save-early-exit --model runs/sst2/best --operating-point runs/ee/early_exit_SST-2_dev_bs32_int8.json
+  python -m finetune save-early-exit --model runs/sst2/best --operating-point runs/ee/early_exit_SST-2_dev_bs32.json
   python -m finetune export --model runs/sst2/best --output exports/sst2_onnx --format onnx
   python -m finetune predict --model exports/sst2_onnx --runtime onnxruntime --input reviews.txt
 """
