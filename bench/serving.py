@@ -10,11 +10,16 @@ inputs/s and accuracy of:
 - ours full fp32 / int8 — `EarlyExitClassifier` with the static rule (the full model; int8: `elasticbert.precision`)
 - ours EE fp32 / EE int8 — entropy early exit at the fastest threshold within `--within` points (default 1.0) of the
                           full fp32 model's dev accuracy, each chosen on logits of its own precision
+- ours-ORT EE fp32 / int8 — the same engine and rule on ONNX Runtime: the model exported as pieces
+                          (`finetune export --format onnx`, `finetune.onnx_runtime`), each threshold chosen on the
+                          logits of its own runtime and precision the same way
 
-at batch 1 and 32 and 1 and 2 threads. Timing is interleaved: every round runs each configuration once over the whole
-dev set, and the best of `--rounds` is kept per configuration (the machine is shared; best-of-N is the least noisy).
-The thresholds are chosen on the same dev rows they are scored on (ELUE's protocol; optimistic by the choice itself,
-equally for fp32 and int8). onnxruntime is a bench-only extra (`pip install onnxruntime onnx`).
+at batch 1 and 32 and 1 and 2 threads, plus the latency of each input served alone (batch 1: p50 and p99 per
+configuration; one pass, the configurations interleaved input by input). Timing is interleaved: every round runs each
+configuration once over the whole dev set, and the best of `--rounds` is kept per configuration (the machine is
+shared; best-of-N is the least noisy). The thresholds are chosen on the same dev rows they are scored on (ELUE's
+protocol; optimistic by the choice itself, equally for fp32 and int8). Needs onnxruntime and onnx (`pip install
+'.[bench]'`).
 
     .venv/bin/python bench/serving.py --model SST-2=runs/sst2/best --model MRPC=runs/mrpc/best
     .venv/bin/python bench/serving.py --model SST-2=runs/sst2/best --max-examples 64 --rounds 1   # a quick look
@@ -46,7 +51,18 @@ from finetune.model import load_finetuned  # noqa: E402
 from finetune.predict import EarlyExitClassifier, trained_max_length  # noqa: E402
 from finetune.tasks import get_task, load_split  # noqa: E402
 
-CONFIGS = ("pipeline fp32", "ORT fp32", "ORT int8", "ours full fp32", "ours full int8", "ours EE fp32", "ours EE int8")
+CONFIGS = (
+    "pipeline fp32",
+    "ORT fp32",
+    "ORT int8",
+    "ours full fp32",
+    "ours full int8",
+    "ours EE fp32",
+    "ours EE int8",
+    "ours-ORT EE fp32",
+    "ours-ORT EE int8",
+)
+GOAL = "ours-ORT EE int8"
 ENTROPY_GRID = np.round(np.linspace(0.01, 0.66, 40), 4)  # fractions of ln 2 from 1.5 % to 95 %
 
 
@@ -95,11 +111,12 @@ def onnx_sessions(model: nn.Module, work: Path, threads: int) -> dict:
     }
 
 
-def calibrate(model: nn.Module, split: EncodedSplit, labels: np.ndarray, floor: float) -> dict:
-    """The entropy threshold with the fewest mean FLOPs whose dev accuracy is ≥ `floor` (on this model's logits)."""
+def calibrate(model: nn.Module, split: EncodedSplit, labels: np.ndarray, floor: float, points: int = 40) -> dict:
+    """The entropy threshold with the fewest mean FLOPs whose dev accuracy is ≥ `floor` (on this model's logits),
+    among `points` of `ENTROPY_GRID` (evenly spaced)."""
     batches = split.batches(32)
     best = None
-    for tau in ENTROPY_GRID:
+    for tau in ENTROPY_GRID[np.linspace(0, len(ENTROPY_GRID) - 1, min(points, len(ENTROPY_GRID))).round().astype(int)]:
         result, _ = run_dataset(model, batches, make_rule("entropy", float(tau), model.config.num_labels))
         accuracy = 100 * float((result.predictions.numpy() == labels).mean())
         flops = float(per_sample_flops(model.config, result)[0].mean())
@@ -115,8 +132,11 @@ def early_exit_rule(calibrated: dict) -> EarlyExitSetting:
     return EarlyExitSetting("entropy", calibrated["threshold"])
 
 
-def runners(task, model_dir: Path, examples, tokenizer, max_length: int, thresholds: dict, sessions: dict) -> dict:
-    """Configuration name -> run(batch_size) returning label ids in input order, texts in, tokenisation included."""
+def runners(
+    task, model_dir: Path, examples, tokenizer, max_length: int, thresholds: dict, sessions: dict, onnx: dict
+) -> dict:
+    """Configuration name -> run(batch_size, rows) returning label ids of `rows` (default: all) in input order, texts
+    in, tokenisation included. `onnx`: precision -> the export's `OnnxLayers` at this thread count."""
     from transformers import pipeline
 
     model = load_finetuned(model_dir, require_trained=True).eval()
@@ -129,16 +149,19 @@ def runners(task, model_dir: Path, examples, tokenizer, max_length: int, thresho
     classify = pipeline("text-classification", model=model, tokenizer=tokenizer, device="cpu")
     pipeline_inputs = [t if isinstance(t, str) else {"text": t[0], "text_pair": t[1]} for t in texts]
 
-    def run_pipeline(batch_size: int) -> list[int]:
-        outputs = classify(pipeline_inputs, batch_size=batch_size, truncation=True, max_length=max_length)
+    def pick(items: list, rows: list[int] | None) -> list:
+        return items if rows is None else [items[i] for i in rows]
+
+    def run_pipeline(batch_size: int, rows: list[int] | None = None) -> list[int]:
+        inputs = pick(pipeline_inputs, rows)
+        outputs = classify(inputs, batch_size=batch_size, truncation=True, max_length=max_length)
         return [label_of[o["label"]] for o in outputs]
 
-    def ort_runner(session) -> Callable[[int], list[int]]:
-        def run(batch_size: int) -> list[int]:
-            out = []
-            for start in range(0, len(texts), batch_size):
-                chunk = texts[start : start + batch_size]
-                pairs = [c if isinstance(c, tuple) else (c, None) for c in chunk]
+    def ort_runner(session) -> Callable[..., list[int]]:
+        def run(batch_size: int, rows: list[int] | None = None) -> list[int]:
+            out, chosen = [], pick(texts, rows)
+            for start in range(0, len(chosen), batch_size):
+                pairs = [c if isinstance(c, tuple) else (c, None) for c in chosen[start : start + batch_size]]
                 firsts, seconds = [p[0] for p in pairs], [p[1] for p in pairs]
                 enc = tokenizer(
                     firsts,
@@ -154,13 +177,13 @@ def runners(task, model_dir: Path, examples, tokenizer, max_length: int, thresho
 
         return run
 
-    def ours(setting: EarlyExitSetting, precision: str) -> Callable[[int], list[int]]:
+    def ours(runner, setting: EarlyExitSetting, precision: str) -> Callable[..., list[int]]:
         classifier = EarlyExitClassifier(
-            model, tokenizer, setting, max_length=max_length, task=task, precision=precision
+            runner, tokenizer, setting, max_length=max_length, task=task, precision=precision
         )
 
-        def run(batch_size: int) -> list[int]:
-            records = classifier.predict(texts, batch_size=batch_size)
+        def run(batch_size: int, rows: list[int] | None = None) -> list[int]:
+            records = classifier.predict(pick(texts, rows), batch_size=batch_size)
             return [label_of[r["label"]] for r in records]
 
         return run
@@ -169,14 +192,54 @@ def runners(task, model_dir: Path, examples, tokenizer, max_length: int, thresho
         "pipeline fp32": run_pipeline,
         "ORT fp32": ort_runner(sessions["ORT fp32"]),
         "ORT int8": ort_runner(sessions["ORT int8"]),
-        "ours full fp32": ours(EarlyExitSetting("static"), "fp32"),
-        "ours full int8": ours(EarlyExitSetting("static"), "int8"),
-        "ours EE fp32": ours(early_exit_rule(thresholds["fp32"]), "fp32"),
-        "ours EE int8": ours(early_exit_rule(thresholds["int8"]), "int8"),
+        "ours full fp32": ours(model, EarlyExitSetting("static"), "fp32"),
+        "ours full int8": ours(model, EarlyExitSetting("static"), "int8"),
+        "ours EE fp32": ours(model, early_exit_rule(thresholds["fp32"]), "fp32"),
+        "ours EE int8": ours(model, early_exit_rule(thresholds["int8"]), "int8"),
+        "ours-ORT EE fp32": ours(onnx["fp32"], early_exit_rule(thresholds["ORT fp32"]), "fp32"),
+        "ours-ORT EE int8": ours(onnx["int8"], early_exit_rule(thresholds["ORT int8"]), "int8"),
     }
 
 
+def latencies(run: dict, n: int) -> dict:
+    """Each input served alone (batch 1), the configurations interleaved input by input: ms per input, p50 / p99."""
+    times: dict[str, list[float]] = {name: [] for name in run}
+    for i in range(n):
+        for name in run:
+            start = time.perf_counter()
+            run[name](1, [i])
+            times[name].append(time.perf_counter() - start)
+    return {
+        name: {"p50_ms": 1e3 * float(np.percentile(t, 50)), "p99_ms": 1e3 * float(np.percentile(t, 99))}
+        for name, t in times.items()
+    }
+
+
+def time_cell(run: dict, batch_size: int, rounds: int, labels: np.ndarray) -> tuple[dict, dict]:
+    """Best-of-`rounds` seconds per configuration over the whole dev set (interleaved), and accuracy."""
+    best, accuracy = dict.fromkeys(run, float("inf")), {}
+    for _ in range(rounds):
+        for name in run:
+            start = time.perf_counter()
+            predictions = run[name](batch_size)
+            best[name] = min(best[name], time.perf_counter() - start)
+            accuracy[name] = 100 * float((np.array(predictions) == labels).mean())
+    return best, accuracy
+
+
+def onnx_export(model_dir: Path, work: Path, max_length: int) -> Path:
+    """The model as ONNX pieces (`finetune export --format onnx`), once per model."""
+    from finetune.onnx_export import export_onnx
+
+    out = work / "ee_onnx"
+    if not (out / "checksums.json").is_file():
+        export_onnx(model_dir, out, max_length=max_length, overwrite=True)
+    return out
+
+
 def bench_task(task_name: str, model_dir: Path, args: argparse.Namespace) -> dict:
+    from finetune.onnx_runtime import OnnxLayers
+
     task = get_task(task_name)
     examples = subsample(load_split(task, GLUE_DIR, "dev"), args.max_examples)
     labels = np.array([int(e.label) for e in examples])
@@ -188,28 +251,33 @@ def bench_task(task_name: str, model_dir: Path, args: argparse.Namespace) -> dic
     full = run_dataset(model, split.batches(32), make_rule("static", None, model.config.num_labels))[0]
     full_accuracy = 100 * float((full.predictions.numpy() == labels).mean())
     floor = full_accuracy - args.within
-    thresholds = {p: calibrate(for_inference(model, p), split, labels, floor) for p in ("fp32", "int8")}
+    export = onnx_export(model_dir, args.work_dir / task.name, max_length)
+    points = args.grid_points
+    thresholds = {p: calibrate(for_inference(model, p), split, labels, floor, points) for p in ("fp32", "int8")}
+    for p in ("fp32", "int8"):
+        thresholds[f"ORT {p}"] = calibrate(OnnxLayers(export, p, threads=1), split, labels, floor, points)
     full_flops = float(static_flops(model.config, split.lengths, model.exit_layers[-1]).mean())
     print(f"{task.name}: full fp32 accuracy {full_accuracy:.2f}; thresholds {thresholds}", flush=True)
     table: dict = {name: {} for name in CONFIGS}
     for threads in args.threads:
         torch.set_num_threads(threads)
         sessions = onnx_sessions(model, args.work_dir / task.name, threads)
-        run = runners(task, model_dir, examples, tokenizer, max_length, thresholds, sessions)
+        onnx = {p: OnnxLayers(export, p, threads=threads) for p in ("fp32", "int8")}
+        run = runners(task, model_dir, examples, tokenizer, max_length, thresholds, sessions, onnx)
         for batch_size in args.batch_sizes:
             key = f"b{batch_size}_t{threads}"
-            best = dict.fromkeys(CONFIGS, float("inf"))
-            for _ in range(args.rounds):
-                for name in CONFIGS:
-                    start = time.perf_counter()
-                    predictions = run[name](batch_size)
-                    best[name] = min(best[name], time.perf_counter() - start)
-                    accuracy = 100 * float((np.array(predictions) == labels).mean())
-                    table[name].setdefault("accuracy", {})[key] = accuracy
+            best, accuracy = time_cell(run, batch_size, args.rounds, labels)
             for name in CONFIGS:
                 table[name].setdefault("inputs_per_s", {})[key] = len(examples) / best[name]
+                table[name].setdefault("accuracy", {})[key] = accuracy[name]
             line = "  ".join(f"{n} {len(examples) / best[n]:.0f}/s" for n in CONFIGS)
             print(f"{task.name} {key}: {line}", flush=True)
+        if 1 in args.batch_sizes and args.latency:
+            for name, row in latencies(run, len(examples)).items():
+                table[name].setdefault("latency_b1", {})[f"t{threads}"] = row
+                print(
+                    f"{task.name} latency b1 t{threads} {name}: p50 {row['p50_ms']:.2f} ms, p99 {row['p99_ms']:.2f} ms"
+                )
     return {
         "examples": len(examples),
         "max_length": max_length,
@@ -221,15 +289,49 @@ def bench_task(task_name: str, model_dir: Path, args: argparse.Namespace) -> dic
     }
 
 
+def _goal_lines(r: dict, keys: list[str]) -> list[str]:
+    anchor = r["configs"]["pipeline fp32"]["inputs_per_s"]
+    goal = r["configs"][GOAL]["inputs_per_s"]
+    ort8 = r["configs"]["ORT int8"]["inputs_per_s"]
+    eager = r["configs"]["ours EE int8"]["inputs_per_s"]
+    return [
+        "",
+        f"Goals ({GOAL}): ≥ 1.5× ORT int8 (full model) in every cell — "
+        + ", ".join(f"{k} {goal[k] / ort8[k]:.2f}×" for k in keys)
+        + "; ≥ 6× the pipeline at batch 32 — "
+        + ", ".join(f"{k} {goal[k] / anchor[k]:.2f}×" for k in keys if k.startswith("b32"))
+        + "; against eager EE int8 — "
+        + ", ".join(f"{k} {goal[k] / eager[k]:.2f}×" for k in keys),
+        "",
+    ]
+
+
+def _latency_lines(r: dict) -> list[str]:
+    rows = {name: row["latency_b1"] for name, row in r["configs"].items() if "latency_b1" in row}
+    if not rows:
+        return []
+    threads = list(next(iter(rows.values())))
+    lines = [
+        "Latency per input at batch 1 (each input served alone), ms:",
+        "",
+        "| config | " + " | ".join(f"p50 {t} | p99 {t}" for t in threads) + " |",
+        "|---|" + "---|---|" * len(threads),
+    ]
+    for name, row in rows.items():
+        cells = " | ".join(f"{row[t]['p50_ms']:.2f} | {row[t]['p99_ms']:.2f}" for t in threads)
+        lines.append(f"| {name} | {cells} |")
+    return [*lines, ""]
+
+
 def section(results: dict) -> str:
-    """The README table: inputs/s per setting, × the pipeline, and accuracy, per task; then the goals."""
+    """The README table: inputs/s per setting, × the pipeline, and accuracy, per task; the latencies; the goals."""
     lines = []
     for task, r in results["tasks"].items():
         keys = list(next(iter(r["configs"].values()))["inputs_per_s"])
+        taus = ", ".join(f"{name} τ={value.get('threshold')}" for name, value in r["thresholds"].items())
         lines += [
             f"**{task}** dev ({r['examples']} rows, max length {r['max_length']}; full fp32 accuracy "
-            f"{r['full_fp32_accuracy']:.1f}; EE thresholds: fp32 τ={r['thresholds']['fp32'].get('threshold')}, "
-            f"int8 τ={r['thresholds']['int8'].get('threshold')})",
+            f"{r['full_fp32_accuracy']:.1f}; EE thresholds: {taus})",
             "",
             "| config | " + " | ".join(f"inputs/s {k.replace('_', ' ')}" for k in keys) + " | accuracy |",
             "|---|" + "---|" * (len(keys) + 1),
@@ -241,16 +343,7 @@ def section(results: dict) -> str:
             )
             accuracies = sorted(set(round(a, 1) for a in row["accuracy"].values()))
             lines.append(f"| {name} | {speeds} | {' / '.join(f'{a:.1f}' for a in accuracies)} |")
-        goal = r["configs"]["ours EE int8"]["inputs_per_s"]
-        ort8 = r["configs"]["ORT int8"]["inputs_per_s"]
-        lines += [
-            "",
-            "Goals (ours EE int8): ≥ 4× the pipeline — "
-            + ", ".join(f"{k} {goal[k] / anchor[k]:.2f}×" for k in keys)
-            + "; ahead of ORT int8 — "
-            + ", ".join(f"{k} {goal[k] / ort8[k]:.2f}×" for k in keys),
-            "",
-        ]
+        lines += _goal_lines(r, keys) + _latency_lines(r)
     return "\n".join(lines)
 
 
@@ -261,7 +354,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--latency", action=argparse.BooleanOptionalAction, default=True, help="p50/p99 per input at batch 1"
+    )
     parser.add_argument("--max-examples", type=int, default=None)
+    parser.add_argument("--grid-points", type=int, default=40, help="entropy thresholds tried per calibration")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/serving_bench"))
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "serving")
     args = parser.parse_args(argv)

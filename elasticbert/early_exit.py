@@ -293,7 +293,66 @@ def _check_right_padded(attention_mask: torch.Tensor, lengths: torch.Tensor) -> 
         raise ValueError("early exit needs right-padded inputs (attention_mask = ones then zeros per row)")
 
 
-def _exits_to_run(model: nn.Module, exit_layers: Sequence[int] | None, rule: ExitRule) -> tuple[int, ...]:
+class LayerRunner:
+    """What the engine runs a model through, piece by piece: embeddings, one layer, one exit. `TorchLayers` runs an
+    `ElasticBertForSequenceClassification` (fp32 or int8) in eager torch; `finetune.onnx_runtime.OnnxLayers` runs
+    the ONNX pieces `finetune export --layout onnx` writes. Hidden states and logits are torch tensors on the
+    runner's `device` whatever runs them, so the rules and the bookkeeping are the same code for every runner."""
+
+    config: Any
+    exit_layers: tuple[int, ...]
+    device: torch.device
+    training = False
+
+    def embed(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, position_ids: torch.Tensor | None
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+    def layer_mask(self, attention_mask: torch.Tensor) -> Any:
+        """What `run_layer` takes for this padding (None: no padding left, the layers need no mask)."""
+        raise NotImplementedError
+
+    def run_layer(self, index: int, hidden: torch.Tensor, layer_mask: Any) -> torch.Tensor:
+        raise NotImplementedError
+
+    def classify(
+        self, layer: int, hidden: torch.Tensor, attention_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(representation, logits) of exit `layer` (1-based); `attention_mask` None: no padding."""
+        raise NotImplementedError
+
+
+class TorchLayers(LayerRunner):
+    """The eager runner: the model's own modules."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model, self.config, self.exit_layers = model, model.config, tuple(model.exit_layers)
+        self.device, self.training = model.device, model.training
+
+    def embed(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, position_ids: torch.Tensor | None
+    ) -> torch.Tensor:
+        return self.model.elasticbert.embeddings(input_ids, token_type_ids, position_ids)
+
+    def layer_mask(self, attention_mask: torch.Tensor) -> torch.Tensor | None:
+        return attention_mask_for_sdpa(attention_mask)
+
+    def run_layer(self, index: int, hidden: torch.Tensor, layer_mask: Any) -> torch.Tensor:
+        return self.model.elasticbert.encoder.run_layer(index, hidden, layer_mask)
+
+    def classify(
+        self, layer: int, hidden: torch.Tensor, attention_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.classify(layer, hidden, attention_mask)
+
+
+def as_runner(model: nn.Module | LayerRunner) -> LayerRunner:
+    """The runner of a model: itself when it is one, else its eager `TorchLayers`."""
+    return model if isinstance(model, LayerRunner) else TorchLayers(model)
+
+
+def _exits_to_run(model: LayerRunner, exit_layers: Sequence[int] | None, rule: ExitRule) -> tuple[int, ...]:
     exits = tuple(sorted(set(exit_layers))) if exit_layers is not None else tuple(model.exit_layers)
     unknown = sorted(set(exits) - set(model.exit_layers))
     if unknown:
@@ -319,12 +378,15 @@ class _Outputs:
 class _Running:
     """The samples still in the batch: their original rows, real lengths, hidden states and masks."""
 
-    def __init__(self, hidden: torch.Tensor, attention_mask: torch.Tensor, lengths: torch.Tensor) -> None:
+    def __init__(
+        self, runner: LayerRunner, hidden: torch.Tensor, attention_mask: torch.Tensor, lengths: torch.Tensor
+    ) -> None:
+        self.runner = runner
         self.rows = torch.arange(hidden.shape[0])
         self.lengths = lengths
         self.hidden = hidden
         self.attention_mask = attention_mask
-        self.sdpa_mask = attention_mask_for_sdpa(attention_mask)
+        self.sdpa_mask = runner.layer_mask(attention_mask)
 
     def keep(self, survivors: torch.Tensor) -> None:
         """Index the survivors and cut the padding to the longest of them."""
@@ -332,7 +394,7 @@ class _Running:
         longest = int(self.lengths.max())
         self.hidden = self.hidden[survivors, :longest]
         self.attention_mask = self.attention_mask[survivors, :longest]
-        self.sdpa_mask = attention_mask_for_sdpa(self.attention_mask)
+        self.sdpa_mask = self.runner.layer_mask(self.attention_mask)
 
 
 def _on(device: torch.device, tensor: torch.Tensor | None, longest: int) -> torch.Tensor | None:
@@ -341,7 +403,7 @@ def _on(device: torch.device, tensor: torch.Tensor | None, longest: int) -> torc
 
 
 def run_batch(
-    model: nn.Module,
+    model: nn.Module | LayerRunner,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None,
     token_type_ids: torch.Tensor | None,
@@ -351,7 +413,9 @@ def run_batch(
 ) -> EarlyExitResult:
     """Early-exit inference on one batch of an `ElasticBertForSequenceClassification` (in eval mode). Samples whose
     rule fires leave the batch; the rest continue, trimmed to their longest real length. `exit_layers` restricts
-    which exits run (default: all the model has). Inputs move to the model's device; the result is on the CPU."""
+    which exits run (default: all the model has). Inputs move to the model's device; the result is on the CPU.
+    `model` may be any `LayerRunner` (ONNX Runtime pieces): same engine, same rules."""
+    model = as_runner(model)
     if model.training:
         raise ValueError("run_batch needs model.eval() (dropout would make exits random)")
     exits = _exits_to_run(model, exit_layers, rule)
@@ -365,17 +429,17 @@ def run_batch(
     out = _Outputs(input_ids.shape[0], model.config.num_labels)
     rule.start(input_ids.shape[0])
     with torch.inference_mode():
-        hidden = model.elasticbert.embeddings(input_ids, token_type_ids, position_ids)
-        _run_layers(model, rule, exits, _Running(hidden, attention_mask, lengths), out)
+        hidden = model.embed(input_ids, token_type_ids, position_ids)
+        _run_layers(model, rule, exits, _Running(model, hidden, attention_mask, lengths), out)
     return EarlyExitResult(out.logits, out.layer, lengths, out.count, exits)
 
 
-def _run_layers(model: nn.Module, rule: ExitRule, exits: tuple[int, ...], run: _Running, out: _Outputs) -> None:
+def _run_layers(model: LayerRunner, rule: ExitRule, exits: tuple[int, ...], run: _Running, out: _Outputs) -> None:
     """Layer by layer up to the last exit; at each exit, the samples whose rule fires are recorded and leave."""
     exit_set, last = set(exits), exits[-1]
     position = 0
     for index in range(last):
-        run.hidden = model.elasticbert.encoder.run_layer(index, run.hidden, run.sdpa_mask)
+        run.hidden = model.run_layer(index, run.hidden, run.sdpa_mask)
         layer = index + 1
         if layer not in exit_set:
             continue
@@ -427,10 +491,13 @@ __all__ = [
     "EarlyExitSetting",
     "EntropyRule",
     "ExitRule",
+    "LayerRunner",
     "MaxProbRule",
     "PCEERule",
     "PatienceRule",
     "StaticRule",
+    "TorchLayers",
+    "as_runner",
     "entropy_nats",
     "exit_histogram",
     "logits_to_predictions",

@@ -43,7 +43,7 @@ from common.errors import ConfigError
 from common.hub import resolve_pretrained
 from common.vocab import DEFAULT_MAX_UNK_FRACTION
 from elasticbert import EarlyExitSetting, ElasticBertForSequenceClassification
-from elasticbert.early_exit import EarlyExitResult, ExitRule, per_sample_flops, rule_for
+from elasticbert.early_exit import EarlyExitResult, ExitRule, LayerRunner, per_sample_flops, rule_for
 from elasticbert.loading import read_config
 from elasticbert.precision import for_inference, precision_problem
 
@@ -54,6 +54,7 @@ from .early_exit.lte import LearnedExitHead
 from .early_exit.operating_point import OperatingPoint, chosen_setting, run_precision
 from .inputs import TextInput
 from .model import check_max_length, load_finetuned, model_device, resolve_device
+from .onnx_runtime import RUNTIMES, OnnxLayers, read_manifest
 from .task_check import check_task_fits, model_task
 from .tasks import DataError, Example, TaskSpec, get_task
 from .verdicts import DEFAULT_MIN_READABLE_SHARE, Verdict, VocabularyJudge, character_verdict
@@ -117,13 +118,21 @@ class EarlyExitClassifier:
         max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION,
         precision: str | None = None,
         min_readable_share: float = DEFAULT_MIN_READABLE_SHARE,
+        runtime: str = "torch",
+        threads: int | None = None,
     ) -> EarlyExitClassifier:
         """A fine-tuned model directory (RUN/best) or hub name, with the rule chosen as the module docstring says;
         `max_length` defaults to the operating point's, else the training run's (RUN/run_config.json), else 128;
         `precision` to the operating point's or saved setting's (what its threshold was chosen at), else fp32. The
-        setting is checked once, as its rule is made, before the model loads."""
-        place = resolve_device(device)
-        directory = resolve_pretrained(path, what="--model")
+        setting is checked once, as its rule is made, before the model loads. `runtime="onnxruntime"`: `path` is a
+        `finetune export --layout onnx` directory, run by the same engine on ONNX Runtime (`threads`: its intra-op
+        threads, default torch's)."""
+        if runtime not in RUNTIMES:
+            raise ConfigError(f"unknown runtime {runtime!r} (choose from {', '.join(RUNTIMES)})")
+        place = resolve_device(device) if runtime == "torch" else _cpu_only(device)
+        directory = resolve_pretrained(path, what="--model") if runtime == "torch" else Path(path)
+        if runtime == "onnxruntime":
+            read_manifest(directory)  # verified before anything is read from it
         config = read_config(directory)
         head_file = str(lte_head) if isinstance(lte_head, str | Path) else None
         overrides = {"patience": patience, "delta": delta}
@@ -134,12 +143,16 @@ class EarlyExitClassifier:
             setting = EarlyExitSetting.from_dict(config.get("early_exit") or {"strategy": "static"}, source=where)
             setting = replace(setting, **{k: v for k, v in overrides.items() if v is not None})
         run_at = run_precision(precision, setting.precision if point or saved else None, setting.strategy)
-        if problem := precision_problem(run_at, place):
+        if runtime == "torch" and (problem := precision_problem(run_at, place)):
             raise ConfigError(problem)
         head = None if head_file else lte_head
         rule = rule_for(setting, len(config.get("id2label") or {}) or config.get("num_labels", 2), lte_head=head)
-        model = _load(directory, full_model_only=not rule.can_fire).to(place)
-        length = max_length or (point.max_length if point else None) or trained_max_length(directory)
+        if runtime == "onnxruntime":
+            model = OnnxLayers(directory, run_at, threads)
+            length = max_length or (point.max_length if point else None) or model.max_length
+        else:
+            model = _load(directory, full_model_only=not rule.can_fire).to(place)
+            length = max_length or (point.max_length if point else None) or trained_max_length(directory)
         classifier = cls(
             model,
             load_tokenizer(directory),
@@ -160,7 +173,7 @@ class EarlyExitClassifier:
 
     @property
     def device(self) -> torch.device:
-        return model_device(self.model)
+        return self.model.device if isinstance(self.model, LayerRunner) else model_device(self.model)
 
     def predict(self, texts: Sequence[Input], batch_size: int | None = None) -> list[dict]:
         """One prediction per text (a string) or pair (two strings), in input order (see the module docstring)."""
@@ -249,6 +262,13 @@ class EarlyExitClassifier:
         if wrong is not None:
             given, wanted = ("a text pair", "single texts") if wrong.text_b is not None else ("a single text", "pairs")
             raise DataError(f"{wrong.where}: {given}, but the model was fine-tuned on {self.task.name} ({wanted})")
+
+
+def _cpu_only(device: str) -> torch.device:
+    """ONNX Runtime serves on the CPU here (its CPU execution provider)."""
+    if device not in ("auto", "cpu"):
+        raise ConfigError(f"--device {device}: --runtime onnxruntime runs on the CPU; pass --device cpu (or auto)")
+    return torch.device("cpu")
 
 
 def _judged(item: TextInput, judge: Callable[[str, str], Verdict | None]) -> Verdict | None:

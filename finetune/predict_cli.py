@@ -40,6 +40,7 @@ from .early_exit.operating_point import chosen_setting, run_precision
 from .early_exit.rules import PREDICT_STRATEGIES
 from .inputs import STDIN, InputFormat, LineParser, TextInput, arriving_batches, read_inputs, resolve_format
 from .model import resolve_device
+from .onnx_runtime import RUNTIMES
 from .predict import EarlyExitClassifier
 from .tasks import DataError
 from .verdicts import DEFAULT_MIN_READABLE_SHARE
@@ -67,6 +68,7 @@ class PredictConfig:
     min_readable_share: float = DEFAULT_MIN_READABLE_SHARE
     progress: bool = True
     overwrite: bool = False
+    runtime: str = "torch"
 
 
 EPILOG = """examples:
@@ -110,6 +112,12 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     )
     add_device(p)
     add_threads(p)
+    option(
+        "runtime",
+        choices=RUNTIMES,
+        help="torch: eager PyTorch on --model; onnxruntime: --model is a `finetune export --layout onnx` directory, "
+        "the same engine and rules on ONNX Runtime (CPU)",
+    )
     option("progress", help="progress bar for files (stderr)")
 
     p = add_command(
@@ -219,7 +227,7 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError(f"--input {args.input}: no such file")
     if args.output and Path(args.output).exists() and not args.overwrite:
         raise ConfigError(f"--output {args.output} exists; pass --overwrite to replace it")
-    device = resolve_device(args.device)
+    device = resolve_device(args.device) if args.runtime == "torch" else torch.device("cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
     classifier = EarlyExitClassifier.from_pretrained(
@@ -232,12 +240,15 @@ def main(args: argparse.Namespace) -> int:
         operating_point=args.operating_point,
         max_length=args.max_length,
         batch_size=args.batch_size,
-        device=str(device),
+        device=str(device) if args.runtime == "torch" else args.device,
         max_unk_fraction=args.max_unk_fraction,
         precision=args.precision,
         min_readable_share=args.min_readable_share,
+        runtime=args.runtime,
+        threads=args.threads,
     )
-    print(f"predict: {args.model} on {device}; rule: {classifier.description}", file=sys.stderr, flush=True)
+    where = f"{device}" if args.runtime == "torch" else "ONNX Runtime (CPU)"
+    print(f"predict: {args.model} on {where}; rule: {classifier.description}", file=sys.stderr, flush=True)
     columns = classifier.task.text_columns if classifier.task is not None else None
     inputs = read_inputs(args.input, fmt, columns) if args.input != "-" else None  # checked whole, before any output
     tally, start = Tally(), time.perf_counter()

@@ -13,11 +13,12 @@ from bench import serving  # noqa: E402
 
 def test_serving_bench_smoke(saved_model, tmp_path):
     argv = ["--model", f"SST-2={saved_model}", "--max-examples", "16", "--rounds", "1", "--threads", "1"]
-    argv += ["--batch-sizes", "4", "--work-dir", str(tmp_path / "work"), "--output", str(tmp_path / "out")]
+    argv += ["--batch-sizes", "1", "4", "--work-dir", str(tmp_path / "work"), "--output", str(tmp_path / "out")]
     assert serving.main(argv) == 0
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     task = results["tasks"]["SST-2"]
     assert task["examples"] == 16 and set(task["configs"]) == set(serving.CONFIGS)
+    assert {"ours-ORT EE fp32", "ours-ORT EE int8"} <= set(task["configs"])
     for name, row in task["configs"].items():
         assert row["inputs_per_s"]["b4_t1"] > 0, name
         assert 0 <= row["accuracy"]["b4_t1"] <= 100, name
@@ -26,5 +27,7 @@ def test_serving_bench_smoke(saved_model, tmp_path):
     assert len(fp32) == 1, fp32
     assert task["thresholds"]["fp32"]["threshold"] is not None  # the full model itself qualifies at worst
     section = (tmp_path / "out" / "section.md").read_text()
-    assert "ours EE int8" in section and "Goals" in section
+    assert "ours-ORT EE int8" in section and "Goals" in section and "p99" in section
+    latency = task["configs"]["ours-ORT EE int8"]["latency_b1"]["t1"]
+    assert 0 < latency["p50_ms"] <= latency["p99_ms"]
     assert results["onnxruntime"] and results["ort_graph_optimization"] == "ORT_ENABLE_ALL"

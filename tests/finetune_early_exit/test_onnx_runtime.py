@@ -1,0 +1,180 @@
+"""Early exit on ONNX Runtime (`finetune export --layout onnx`, `finetune.onnx_runtime`): the export round trip, the
+one engine over ONNX pieces equal to the eager engine in fp32 (batch 1 and 32, linear and MHA exits, every rule incl.
+LTE), int8 close to eager int8, and the refusals (missing piece, flipped byte, precision mismatch)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import shutil
+
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+
+from common.errors import ConfigError, UserError  # noqa: E402
+from elasticbert import save_early_exit  # noqa: E402
+from elasticbert.early_exit import EarlyExitSetting, entropy_nats, make_rule, run_batch  # noqa: E402
+from finetune.early_exit.lte import LearnedExitHead  # noqa: E402
+from finetune.model import exit_logits  # noqa: E402
+from finetune.onnx_export import MANIFEST, export_onnx  # noqa: E402
+from finetune.onnx_runtime import OnnxLayers  # noqa: E402
+from finetune.predict import EarlyExitClassifier  # noqa: E402
+
+
+def _conditioned(model, seed):
+    """`model` with exit heads that do not amplify float noise: the fixtures' spread heads scale rounding ~1e3 on
+    purpose (test_engine.py), so their logits cannot show a 1e-5 agreement; here weights ~N(0, 9/d), bias 0."""
+    model = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for head in model.exits.values():
+            weight = head.classifier.weight
+            weight.copy_(torch.randn(weight.shape, generator=g) * (3.0 / weight.shape[1] ** 0.5))
+            head.classifier.bias.zero_()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def models(classifier, mha_classifier, save_classifier, tmp_path_factory):
+    """{kind: (eager model, its ONNX export)} for linear and MHA exits, conditioned heads."""
+    out = {}
+    for kind, model in (("linear", classifier), ("mha", mha_classifier)):
+        model = _conditioned(model, seed=3)
+        model_dir = save_classifier(model, tmp_path_factory.mktemp(kind), finetuning_task="SST-2")
+        export = tmp_path_factory.mktemp(f"onnx_{kind}") / "export"
+        export_onnx(model_dir, export, max_length=128)
+        out[kind] = (model, export)
+    return out
+
+
+@pytest.fixture(scope="module")
+def exported(models):
+    return models["linear"][1]
+
+
+def _gap(values):
+    """A threshold in the widest gap of the middle half of `values`: no float noise can move a value across it."""
+    values = torch.sort(values.flatten()).values
+    lo, hi = len(values) // 4, 3 * len(values) // 4
+    gaps = values[lo + 1 : hi + 1] - values[lo:hi]
+    i = lo + int(gaps.argmax())
+    return round(float(values[i] + values[i + 1]) / 2, 6)
+
+
+def _rules(model, split):
+    """A factory per rule, each at a threshold where samples leave at several exits."""
+    with torch.inference_mode():
+        out = model(split.input_ids, attention_mask=split.attention_mask, token_type_ids=split.token_type_ids)
+    logits, reps = exit_logits(out)[0], out.representations[0]  # the first exit's: about half leave there
+    entropy = entropy_nats(logits)
+    head = LearnedExitHead(reps.shape[-1])
+    torch.manual_seed(0)
+    torch.nn.init.normal_(head.linear.weight, std=0.5)
+    with torch.inference_mode():
+        lte = head(reps)
+    tau = {"entropy": _gap(entropy), "pcee": _gap(entropy / math.log(2)), "lte": _gap(lte)}
+    tau["maxprob"] = _gap(torch.softmax(logits, -1).amax(-1))
+    return {
+        "entropy": lambda: make_rule("entropy", tau["entropy"], 2),
+        "maxprob": lambda: make_rule("maxprob", tau["maxprob"], 2),
+        "patience": lambda: make_rule("patience", 1, 2),
+        "pcee": lambda: make_rule("pcee", tau["pcee"], 2, patience=1),
+        "lte": lambda: make_rule("lte", tau["lte"], 2, lte_head=head),
+        "static": lambda: make_rule("static", None, 2),
+    }
+
+
+def _compare(eager, ort, split, batch, rule_factory, tol):
+    layers = []
+    for start in range(0, len(split), batch):
+        rows = slice(start, start + batch)
+        ids, mask, types = split.input_ids[rows], split.attention_mask[rows], split.token_type_ids[rows]
+        if batch == 1:
+            n = int(mask.sum())
+            ids, mask, types = ids[:, :n], mask[:, :n], types[:, :n]
+        a = run_batch(eager, ids, mask, types, rule_factory())
+        b = run_batch(ort, ids, mask, types, rule_factory())
+        assert torch.equal(a.exit_layers, b.exit_layers)
+        assert torch.equal(a.predictions, b.predictions)
+        assert torch.equal(a.exits_evaluated, b.exits_evaluated)
+        assert float((a.logits - b.logits).abs().max()) <= tol
+        layers += a.exit_layers.tolist()
+    return set(layers)
+
+
+@pytest.mark.parametrize("kind", ["linear", "mha"])
+@pytest.mark.parametrize("batch", [1, 32])
+def test_fp32_equals_the_eager_engine_for_every_rule(kind, batch, models, sst2_dev):
+    model, export = models[kind]
+    ort = OnnxLayers(export, "fp32", threads=1)
+    assert ort.exit_layers == tuple(model.exit_layers) and ort.inference_precision == "fp32"
+    for name, factory in _rules(model, sst2_dev).items():
+        layers = _compare(model, ort, sst2_dev, batch, factory, 1e-5)
+        assert name in ("static", "patience") or len(layers) > 1, f"{name}: every sample left at {layers}"
+
+
+def test_int8_stays_within_the_eager_int8_band(classifier, models, sst2_dev):
+    """ORT int8 quantizes the same linears as `elasticbert.precision` (per-channel weights, activations per call):
+    every layer's token states point where fp32's do, as the eager int8 path's test asks (cosine >= 0.95 per token,
+    test_precision.py), and they are quantized (not the fp32 pieces)."""
+    model, export = models["linear"]
+    ort = OnnxLayers(export, "int8", threads=1)
+    assert ort.inference_precision == "int8"
+    ids, mask, types = sst2_dev.input_ids, sst2_dev.attention_mask, sst2_dev.token_type_ids
+    with torch.inference_mode():
+        states = model(ids, attention_mask=mask, token_type_ids=types, output_hidden_states=True).hidden_states
+    hidden, layer_mask, real = ort.embed(ids, types, None), ort.layer_mask(mask), mask.bool()
+    for index, reference in enumerate(states[1:]):
+        hidden = ort.run_layer(index, hidden, layer_mask)
+        cosine = float(torch.nn.functional.cosine_similarity(reference[real], hidden[real], dim=-1).mean())
+        assert 0.95 <= cosine < 0.9999
+
+
+def test_round_trip_and_classifier(models, exported, save_classifier, tmp_path):
+    manifest = json.loads((exported / MANIFEST).read_text())
+    assert manifest["exit_layers"] and set(manifest["precisions"]) == {"fp32", "int8"}
+    assert (exported / "checksums.json").is_file() and (exported / "vocab.txt").is_file()
+    texts = ["a charming and often affecting journey .", "it is a dull , lifeless movie ."]
+    saved_model = save_classifier(models["linear"][0], tmp_path / "model", finetuning_task="SST-2")
+    eager = EarlyExitClassifier.from_pretrained(saved_model, "entropy", 0.3, device="cpu")
+    served = EarlyExitClassifier.from_pretrained(exported, "entropy", 0.3, runtime="onnxruntime")
+    for a, b in zip(eager.predict(texts), served.predict(texts)):
+        assert a["label"] == b["label"] and a["exit_layer"] == b["exit_layer"] and a["flops"] == b["flops"]
+        assert max(abs(a["probabilities"][k] - b["probabilities"][k]) for k in a["probabilities"]) < 1e-5
+
+
+def test_refusals(saved_model, exported, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(exported, copy)
+    (copy / "onnx" / "layer_0.onnx").unlink()
+    with pytest.raises(UserError, match="layer_0.onnx: missing"):
+        OnnxLayers(copy)
+    shutil.rmtree(copy)
+    shutil.copytree(exported, copy)
+    piece = copy / "onnx" / "exit_1.onnx"
+    data = bytearray(piece.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    piece.write_bytes(bytes(data))
+    with pytest.raises(UserError, match="exit_1.onnx: contents differ"):
+        OnnxLayers(copy)
+    with pytest.raises(ConfigError, match="not an ONNX early-exit export"):
+        EarlyExitClassifier.from_pretrained(saved_model, runtime="onnxruntime")
+    with pytest.raises(ConfigError, match="unknown runtime"):
+        EarlyExitClassifier.from_pretrained(exported, runtime="tensorrt")
+
+
+def test_a_setting_calibrated_at_int8_is_refused_at_fp32(saved_model, tmp_path):
+    model_dir = tmp_path / "model"
+    shutil.copytree(saved_model, model_dir)
+    save_early_exit(model_dir, EarlyExitSetting("entropy", 0.3, precision="int8"))
+    out = tmp_path / "export"
+    export_onnx(model_dir, out, max_length=64)
+    served = EarlyExitClassifier.from_pretrained(out, runtime="onnxruntime")
+    assert served.precision == "int8" and served.model.inference_precision == "int8"
+    assert served.setting.strategy == "entropy" and served.max_length == 64
+    with pytest.raises(UserError, match="chosen at int8"):
+        EarlyExitClassifier.from_pretrained(out, runtime="onnxruntime", precision="fp32")
