@@ -470,19 +470,24 @@ def _run_layers(model: LayerRunner, rule: ExitRule, exits: tuple[int, ...], run:
 
 
 def per_sample_flops(
-    config: object, result: EarlyExitResult, lte_in_features: int = 0
+    config: object, result: EarlyExitResult, lte_in_features: int = 0, memo: dict | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(total, matmul) FLOPs per sample: `sample_flops` with the real length, exit layer and the exit heads run, plus
     2·d for each call of a learned exit head of input width d = `lte_in_features` (0: none). `matmul` is what a
-    matmul-level counter (FlopCounterMode) sees."""
+    matmul-level counter (FlopCounterMode) sees. `memo`: a dict a caller keeps for one model and head width (a
+    serving classifier), so that each (length, exit, heads run) is counted once rather than per request."""
     total = np.empty(len(result.lengths))
     matmul = np.empty(len(result.lengths))
+    memo = {} if memo is None else memo
     for i, (length, layer) in enumerate(zip(result.lengths.tolist(), result.exit_layers.tolist())):
         trace = result.trace(i)
-        flops = sample_flops(config, int(length), int(layer), exits_evaluated=trace)
-        head_calls = len(trace) - 1 if trace and trace[-1] == result.exits[-1] else len(trace)
-        extra = 2 * lte_in_features * head_calls  # the last exit takes everyone without asking the head
-        total[i], matmul[i] = flops.total + extra, flops.matmul + extra
+        key = (length, layer, trace)
+        if key not in memo:
+            flops = sample_flops(config, int(length), int(layer), exits_evaluated=trace)
+            head_calls = len(trace) - 1 if trace and trace[-1] == result.exits[-1] else len(trace)
+            extra = 2 * lte_in_features * head_calls  # the last exit takes everyone without asking the head
+            memo[key] = (flops.total + extra, flops.matmul + extra)
+        total[i], matmul[i] = memo[key]
     return total, matmul
 
 

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from common.errors import ConfigError
@@ -48,7 +49,15 @@ from elasticbert.loading import read_config
 from elasticbert.precision import for_inference, precision_problem
 
 from .config import load_run_config
-from .data import UNK_MIN_TOKENS, EncodedSplit, check_vocabulary_fits, load_tokenizer, unk_counts, unk_refusal
+from .data import (
+    UNK_MIN_TOKENS,
+    EncodedSplit,
+    check_vocabulary_fits,
+    load_tokenizer,
+    non_text_ids,
+    unk_counts,
+    unk_refusal,
+)
 from .early_exit.engine import run_dataset
 from .early_exit.lte import LearnedExitHead
 from .early_exit.operating_point import OperatingPoint, chosen_setting, run_precision
@@ -94,6 +103,7 @@ class EarlyExitClassifier:
         self.model, self.tokenizer = for_inference(model, precision), tokenizer
         self.precision = precision
         self.max_unk_fraction, self.unk_seen = max_unk_fraction, [0, 0]  # [UNK] and text tokens of all inputs
+        self.non_text, self.flops_memo = non_text_ids(tokenizer), {}  # see per_sample_flops(memo=)
         if not isinstance(setting, ExitRule):
             setting = rule_for(setting or EarlyExitSetting("static"), model.config.num_labels, lte_head=lte_head)
         self.rule, self.setting = setting, setting.setting
@@ -209,7 +219,7 @@ class EarlyExitClassifier:
         if readable:
             examples = [Example(inputs[i].text_a, inputs[i].text_b, None, i) for i in readable]
             split = EncodedSplit.from_examples(self.tokenizer, examples, self.max_length)
-            for row in self.judge.suspects(split.input_ids).nonzero().flatten().tolist():  # vocabulary checks
+            for row in self.judge.suspects(split.input_ids):  # vocabulary checks
                 if verdict := _judged(inputs[readable[row]], self.judge.verdict):
                     verdicts[readable[row]] = verdict
             rows = [row for row, i in enumerate(readable) if i not in verdicts]
@@ -217,7 +227,7 @@ class EarlyExitClassifier:
                 split = split.select(torch.tensor(rows)) if len(rows) < len(readable) else split
                 self._check_unk(split)
                 result, _ = run_dataset(self.model, split.batches(self.batch_size, device=self.device), self.rule)
-                flops, _ = per_sample_flops(self.model.config, result, self.rule.head_width)
+                flops, _ = per_sample_flops(self.model.config, result, self.rule.head_width, self.flops_memo)
                 for kept, row in enumerate(rows):
                     item = inputs[readable[row]]
                     records[readable[row]] = self._record(result, kept, float(flops[kept]), item.id)
@@ -230,7 +240,7 @@ class EarlyExitClassifier:
 
     def _check_unk(self, split: EncodedSplit) -> None:
         """Refuse inputs this model's vocabulary does not fit (data_prep's guard), once `UNK_MIN_TOKENS` are in."""
-        unk, tokens = unk_counts(self.tokenizer, split.input_ids)
+        unk, tokens = unk_counts(self.tokenizer, split.input_ids, self.non_text)
         self.unk_seen = [self.unk_seen[0] + unk, self.unk_seen[1] + tokens]
         if self.unk_seen[1] >= UNK_MIN_TOKENS:
             what = f"the {self.unk_seen[1]:,} text tokens of the inputs so far"
@@ -244,9 +254,11 @@ class EarlyExitClassifier:
             record: dict = {"value": float(logits[0])}
         else:
             names = self.model.config.id2label
-            probabilities = torch.softmax(logits.double(), dim=-1).tolist()
+            scores = logits.numpy().astype(np.float64)
+            probabilities = np.exp(scores - scores.max())
+            probabilities = (probabilities / probabilities.sum()).tolist()
             record = {
-                "label": names[int(logits.argmax())],
+                "label": names[int(scores.argmax())],
                 "probabilities": {names[k]: p for k, p in enumerate(probabilities)},
             }
         record.update(exit_layer=int(result.exit_layers[row]), flops=round(flops), tokens=int(result.lengths[row]))

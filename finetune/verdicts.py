@@ -25,6 +25,7 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 DEFAULT_MIN_READABLE_SHARE = 0.5
@@ -80,21 +81,21 @@ class VocabularyJudge:
         specials = set(getattr(tokenizer, "all_special_ids", ()))
         self.wordpiece = any(str(piece).startswith("##") for piece in pieces)
         # single[i]: id i is one letter alone (a word start or a `##` continuation); continued[i]: a `##` piece
-        self.single = torch.tensor(
-            [i not in specials and _one_letter(str(p).removeprefix("##")) for i, p in enumerate(pieces)]
+        # (numpy: a request of one input is a few dozen ids, where a torch op costs several times a numpy one)
+        self.single = np.array(
+            [i not in specials and _one_letter(str(p).removeprefix("##")) for i, p in enumerate(pieces)], dtype=bool
         )
-        self.continued = torch.tensor([str(p).startswith("##") for p in pieces])
+        self.continued = np.array([str(p).startswith("##") for p in pieces], dtype=bool)
 
-    def suspects(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """bool [N]: rows whose ids hold an [UNK] or (WordPiece) two single-letter pieces of one word in a row."""
-        found = (
-            (input_ids == self.unk_id).any(1) if self.unk_id is not None else torch.zeros(len(input_ids), dtype=bool)
-        )
-        if self.wordpiece and input_ids.shape[1] > 1:
-            ids = input_ids.clamp(0, len(self.single) - 1)
+    def suspects(self, input_ids: torch.Tensor) -> list[int]:
+        """The rows whose ids hold an [UNK] or (WordPiece) two single-letter pieces of one word in a row."""
+        ids = input_ids.numpy()
+        found = (ids == self.unk_id).any(1) if self.unk_id is not None else np.zeros(len(ids), dtype=bool)
+        if self.wordpiece and ids.shape[1] > 1:
+            ids = ids.clip(0, len(self.single) - 1)
             single, continued = self.single[ids], self.continued[ids]
             found |= (single[:, 1:] & continued[:, 1:] & single[:, :-1]).any(1)
-        return found
+        return found.nonzero()[0].tolist()
 
     def verdict(self, text: str, which: str = "") -> Verdict | None:
         """`unknown-text` unless more than the limit of `text`'s characters are readable to the vocabulary."""

@@ -13,7 +13,7 @@ from transformers import BertTokenizer, RobertaConfig, RobertaModel, RobertaToke
 
 from common.vocab import identity_of
 from finetune.__main__ import main
-from finetune.data import encode_examples, load_tokenizer, paired_tokenizer, tokenizer_kind
+from finetune.data import _wrapper_encode, encode_examples, load_tokenizer, paired_tokenizer, tokenizer_kind
 from finetune.tasks import DataError, Example, get_task, load_split
 
 PAIRS = [Example("A man is playing a guitar.", "Someone plays music.", 0, 0), Example("It rains.", "It is dry.", 1, 1)]
@@ -56,6 +56,37 @@ def test_roberta_bpe_loads_through_auto_tokenizer_with_one_segment_type(roberta_
     batch = encode_examples(tokenizer, PAIRS, 32)
     assert batch["input_ids"][0, 0].item() == tokenizer.bos_token_id  # <s> a </s></s> b </s>
     assert torch.equal(batch["token_type_ids"], torch.zeros_like(batch["input_ids"]))  # type_vocab_size 1
+
+
+@pytest.mark.parametrize("task, max_length", [("SST-2", 128), ("MRPC", 128), ("MRPC", 24), ("RTE", 40)])
+def test_encoding_through_the_backend_equals_the_transformers_call(minilm, roberta_dir, glue_dir, task, max_length):
+    """`encode_examples` tokenises through the Rust backend (a clone with truncation and padding set once); every dev
+    row of real GLUE data, in batches of 1 and 32 (pairs truncated longest-first at a short length too), gives the
+    ids, masks and segment ids the `transformers` call gives, for WordPiece and byte-level BPE."""
+    rows = load_split(get_task(task), glue_dir, "dev")
+    for directory in (minilm, roberta_dir):
+        tokenizer = load_tokenizer(directory)
+        for size in (1, 32):
+            for start in range(0, min(len(rows), 320), size):
+                chunk = rows[start : start + size]
+                fast = encode_examples(tokenizer, chunk, max_length)
+                texts_b = [e.text_b for e in chunk] if chunk[0].text_b is not None else None
+                slow = _wrapper_encode(tokenizer, [e.text_a for e in chunk], texts_b, max_length)
+                for key in ("input_ids", "attention_mask"):
+                    assert torch.equal(fast[key], slow[key]), (directory.name, task, start, key)
+                if "token_type_ids" in tokenizer.model_input_names:
+                    assert torch.equal(fast["token_type_ids"], slow["token_type_ids"]), (task, start)
+    assert max(int(fast["attention_mask"].sum(1).max()), 0) <= max_length
+
+
+def test_tokens_added_after_a_first_encoding_are_seen(minilm):
+    """The backend clone is made per tokenizer size: a token added later is encoded as the tokenizer now does."""
+    tokenizer = load_tokenizer(minilm)
+    example = [Example("a zqxjvword here", None, None, 0)]
+    before = encode_examples(tokenizer, example, 16)["input_ids"]
+    tokenizer.add_tokens(["zqxjvword"])
+    after = encode_examples(tokenizer, example, 16)["input_ids"]
+    assert after.shape[1] < before.shape[1] and int(after[0, 2]) == len(tokenizer) - 1
 
 
 def test_wordpiece_segment_ids_follow_the_model(minilm, tmp_path):
