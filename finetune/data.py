@@ -142,18 +142,21 @@ def check_vocabulary_size(size: int, vocab_size: int, source: object) -> None:
         )
 
 
-def non_text_ids(tokenizer: PreTrainedTokenizerBase) -> np.ndarray:
-    """The ids that are not text: the special tokens and padding, but [UNK] (it stands for text)."""
-    return np.array(sorted(set(tokenizer.all_special_ids) - {tokenizer.unk_token_id}), dtype=np.int64)
+def text_id_table(tokenizer: PreTrainedTokenizerBase) -> np.ndarray:
+    """bool per id: whether it is text (special tokens and padding are not; [UNK] is, it stands for text)."""
+    table = np.ones(len(tokenizer), dtype=bool)
+    table[sorted(set(tokenizer.all_special_ids) - {tokenizer.unk_token_id})] = False
+    return table
 
 
 def unk_counts(
-    tokenizer: PreTrainedTokenizerBase, input_ids: torch.Tensor, non_text: np.ndarray | None = None
+    tokenizer: PreTrainedTokenizerBase, input_ids: torch.Tensor, is_text: np.ndarray | None = None
 ) -> tuple[int, int]:
-    """([UNK] tokens, text tokens) of encoded rows: special tokens and padding are not text (`non_text`: the
-    tokenizer's `non_text_ids`, when a caller counting many batches keeps them). Numpy: a request's few ids."""
+    """([UNK] tokens, text tokens) of encoded rows (`is_text`: the tokenizer's `text_id_table`, when a caller
+    counting many batches keeps it). Numpy lookups: a request is a few dozen ids, where a torch op costs more."""
+    table = text_id_table(tokenizer) if is_text is None else is_text
     unk_id, ids = tokenizer.unk_token_id, input_ids.numpy()
-    text = ~np.isin(ids, non_text_ids(tokenizer) if non_text is None else non_text)
+    text = table[ids.clip(0, len(table) - 1)]
     return (int((ids == unk_id).sum()) if unk_id is not None else 0), int(text.sum())
 
 
@@ -368,6 +371,9 @@ class EncodedSplit:
         """The split in batches, each trimmed to its longest row. Length-sorted (longest first) unless told
         otherwise, so that batches carry little padding; `Batch.rows` (on the CPU) says where each row came from.
         `device`: where the batches' tensors go (the model's), once, so that repeated passes copy nothing."""
+        if len(self) == 1:  # a request of one input: one batch, no order to find
+            length, tensors = int(self.lengths[0]), (self.input_ids, self.attention_mask, self.token_type_ids)
+            return [Batch(torch.zeros(1, dtype=torch.long), *(t[:, :length].to(device or "cpu") for t in tensors))]
         order = torch.argsort(self.lengths, descending=True, stable=True) if sort_by_length else torch.arange(len(self))
         out = []
         for start in range(0, len(self), batch_size):

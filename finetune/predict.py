@@ -54,7 +54,7 @@ from .data import (
     EncodedSplit,
     check_vocabulary_fits,
     load_tokenizer,
-    non_text_ids,
+    text_id_table,
     unk_counts,
     unk_refusal,
 )
@@ -103,7 +103,7 @@ class EarlyExitClassifier:
         self.model, self.tokenizer = for_inference(model, precision), tokenizer
         self.precision = precision
         self.max_unk_fraction, self.unk_seen = max_unk_fraction, [0, 0]  # [UNK] and text tokens of all inputs
-        self.non_text, self.flops_memo = non_text_ids(tokenizer), {}  # see per_sample_flops(memo=)
+        self.is_text, self.flops_memo = text_id_table(tokenizer), {}  # see per_sample_flops(memo=)
         if not isinstance(setting, ExitRule):
             setting = rule_for(setting or EarlyExitSetting("static"), model.config.num_labels, lte_head=lte_head)
         self.rule, self.setting = setting, setting.setting
@@ -240,7 +240,7 @@ class EarlyExitClassifier:
 
     def _check_unk(self, split: EncodedSplit) -> None:
         """Refuse inputs this model's vocabulary does not fit (data_prep's guard), once `UNK_MIN_TOKENS` are in."""
-        unk, tokens = unk_counts(self.tokenizer, split.input_ids, self.non_text)
+        unk, tokens = unk_counts(self.tokenizer, split.input_ids, self.is_text)
         self.unk_seen = [self.unk_seen[0] + unk, self.unk_seen[1] + tokens]
         if self.unk_seen[1] >= UNK_MIN_TOKENS:
             what = f"the {self.unk_seen[1]:,} text tokens of the inputs so far"

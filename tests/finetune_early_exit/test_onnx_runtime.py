@@ -117,6 +117,43 @@ def test_fp32_equals_the_eager_engine_for_every_rule(kind, batch, models, sst2_d
         assert name in ("static", "patience") or len(layers) > 1, f"{name}: every sample left at {layers}"
 
 
+def test_two_threads_run_small_batches_on_one_thread_and_equal_one_thread(models, sst2_dev, monkeypatch):
+    """`threads=2`: a batch under `PARALLEL_MIN_TOKENS` tokens (a request) runs on the one-thread layer sessions, a
+    larger one on the two-thread ones; no session's workers spin (a dozen sessions' spinning workers starved each
+    other: 44 inputs/s against 227, SST-2 batch 1); the answers are those of `threads=1`."""
+    import finetune.onnx_runtime as onnx_runtime
+
+    model, export = models["mha"]
+    one, two = OnnxLayers(export, "fp32", threads=1), OnnxLayers(export, "fp32", threads=2)
+    assert one.parallel_layers is one.layers and two.parallel_layers is not two.layers
+    for session in (*two.layers, *two.parallel_layers, *two.exits.values(), two.embeddings):
+        assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert two.parallel_layers[0].get_session_options().intra_op_num_threads == 2
+    assert two.layers[0].get_session_options().intra_op_num_threads == 1
+    used = []
+    for name in ("layers", "parallel_layers"):
+        sessions = getattr(two, name)
+        monkeypatch.setattr(two, name, [_Recorded(s, used, name) for s in sessions])
+    rule = _rules(model, sst2_dev)["entropy"]
+    _compare(one, two, sst2_dev, 1, rule, 1e-5)
+    assert set(used) == {"layers"}
+    used.clear()
+    _compare(one, two, sst2_dev, 32, rule, 1e-5)
+    assert sst2_dev.input_ids.shape[0] * int(sst2_dev.lengths.max()) >= onnx_runtime.PARALLEL_MIN_TOKENS
+    assert "parallel_layers" in used
+
+
+class _Recorded:
+    """A session that notes which set it belongs to when it runs."""
+
+    def __init__(self, session, used, name):
+        self.session, self.used, self.name = session, used, name
+
+    def run(self, *args):
+        self.used.append(self.name)
+        return self.session.run(*args)
+
+
 def test_int8_stays_within_the_eager_int8_band(classifier, models, sst2_dev):
     """ORT int8 quantizes the same linears as `elasticbert.precision` (per-channel weights, activations per call):
     every layer's token states point where fp32's do, as the eager int8 path's test asks (cosine >= 0.95 per token,
