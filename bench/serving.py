@@ -20,7 +20,8 @@ served alone (batch 1: p50 and p99 per configuration; one pass, the configuratio
 Timing is interleaved: every round runs each configuration once over the whole dev set, and the best of `--rounds` is
 kept per configuration (the machine is shared; best-of-N is the least noisy). The thresholds are chosen on the same
 dev rows they are scored on (ELUE's protocol; optimistic by the choice itself, equally for fp32 and int8), as the
-lowest accuracy of batch 1 and of batches of 32 in arrival order (int8 logits move with the batch). Needs
+lowest accuracy of batch 1 and of batches of 32 in arrival order (eager int8 quantizes activations per tensor, so its
+logits move with the batch; the ORT int8 pieces quantize per token and answer the same in both). Needs
 onnxruntime and onnx (`pip install '.[bench]'`).
 
     .venv/bin/python bench/serving.py --model SST-2=runs/sst2/best --model MRPC=runs/mrpc/best
@@ -118,7 +119,7 @@ def onnx_sessions(model: nn.Module, work: Path, threads: int) -> dict:
 def calibrate(model: nn.Module, split: EncodedSplit, labels: np.ndarray, floor: float, points: int = 40) -> dict:
     """The entropy threshold with the fewest mean FLOPs whose dev accuracy is ≥ `floor` (on this model's logits)
     however the inputs are served — one at a time, and 32 at a time in arrival order, as the timed cells take them
-    (int8 quantizes activations per call, so its logits move with the batch: the lower accuracy counts) —, among
+    (eager int8 quantizes activations per tensor, so its logits move with the batch: the lower accuracy counts) —, among
     `points` of `ENTROPY_GRID` (evenly spaced)."""
     servings = (split.batches(1), split.batches(32, sort_by_length=False))
     best = None

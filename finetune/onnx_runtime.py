@@ -4,7 +4,8 @@ one early-exit engine (`elasticbert.early_exit.run_batch`) through its `LayerRun
 `OnnxLayers(directory, precision)` opens one ONNX Runtime session per piece (embeddings, each layer at `precision`,
 each exit head) and hands the engine torch tensors that share the sessions' numpy buffers (no copy): the rules, the
 samples leaving the batch and the length cutting are the engine's, unchanged. In fp32 the results equal the eager
-engine's (same exits and predictions; logits within 1e-5, tests/finetune_early_exit/test_onnx_runtime.py).
+engine's (same exits and predictions; logits within 1e-5, tests/finetune_early_exit/test_onnx_runtime.py); in int8
+an input's exits and logits are the same served alone or in a batch (per-token activation scales, `onnx_export`).
 
 Before any session opens, the directory is verified: every file against its checksums.json (a flipped byte, a
 truncated or missing piece is refused by name), the manifest's format, and every piece the manifest lists.

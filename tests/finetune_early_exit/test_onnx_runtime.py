@@ -155,7 +155,8 @@ class _Recorded:
 
 
 def test_int8_stays_within_the_eager_int8_band(classifier, models, sst2_dev):
-    """ORT int8 quantizes the same linears as `elasticbert.precision` (per-channel weights, activations per call):
+    """ORT int8 quantizes the same linears as `elasticbert.precision` (per-channel weights, activations per call,
+    here one scale per token):
     every layer's token states point where fp32's do, as the eager int8 path's test asks (cosine >= 0.95 per token,
     test_precision.py), and they are quantized (not the fp32 pieces)."""
     model, export = models["linear"]
@@ -171,9 +172,44 @@ def test_int8_stays_within_the_eager_int8_band(classifier, models, sst2_dev):
         assert 0.95 <= cosine < 0.9999
 
 
+@pytest.mark.parametrize("kind", ["linear", "mha"])
+def test_int8_answers_do_not_depend_on_the_batch(kind, models, sst2_dev):
+    """int8 activations are quantized with one scale per token, so an input's exits and logits are the same served
+    alone as inside a batch of 32 (one scale per tensor moved MRPC dev logits by up to 1.06 between the two, and with
+    them the accuracy a threshold keeps)."""
+    model, export = models[kind]
+    ort = OnnxLayers(export, "int8", threads=1)
+    rule = _rules(model, sst2_dev)["entropy"]
+    ids, mask, types = sst2_dev.input_ids, sst2_dev.attention_mask, sst2_dev.token_type_ids
+    batched = run_batch(ort, ids, mask, types, rule())
+    assert len(set(batched.exit_layers.tolist())) > 1  # the rule sends samples out at several exits
+    for i, n in enumerate(sst2_dev.lengths.tolist()):
+        alone = run_batch(ort, ids[i : i + 1, :n], mask[i : i + 1, :n], types[i : i + 1, :n], rule())
+        assert int(alone.exit_layers[0]) == int(batched.exit_layers[i])
+        assert float((alone.logits[0] - batched.logits[i]).abs().max()) <= 1e-5
+
+
+def test_int8_pieces_mean_the_same_after_graph_optimization(exported, sst2_dev):
+    """The int8 graph is what ONNX Runtime runs: optimized (ORT_ENABLE_ALL, as `OnnxLayers` opens it) and not, a
+    layer's output agrees. (Scaling the int32 product by the token's and weight's scales multiplied first is fused
+    by ORT_ENABLE_EXTENDED into MatMulIntegerToFloat, which misreads that product: max error 4.4 on a linear.)"""
+    import onnxruntime as ort
+
+    ids, mask = sst2_dev.input_ids[:8], sst2_dev.attention_mask[:8]
+    hidden = OnnxLayers(exported, "int8", threads=1).embed(ids, None, None).numpy()
+    outputs = []
+    for level in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = level
+        session = ort.InferenceSession(str(exported / "onnx" / "layer_0.int8.onnx"), options)
+        outputs.append(session.run(None, {"hidden": hidden, "mask": mask.numpy()})[0])
+    assert float(abs(outputs[0] - outputs[1]).max()) <= 1e-4
+
+
 def test_round_trip_and_classifier(models, exported, save_classifier, tmp_path):
     manifest = json.loads((exported / MANIFEST).read_text())
     assert manifest["exit_layers"] and set(manifest["precisions"]) == {"fp32", "int8"}
+    assert manifest["int8"].startswith("per-token")
     assert (exported / "checksums.json").is_file() and (exported / "vocab.txt").is_file()
     texts = ["a charming and often affecting journey .", "it is a dull , lifeless movie ."]
     saved_model = save_classifier(models["linear"][0], tmp_path / "model", finetuning_task="SST-2")

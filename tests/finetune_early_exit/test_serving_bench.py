@@ -8,7 +8,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from bench import serving  # noqa: E402
+from bench import int8_batch_invariance, serving  # noqa: E402
 
 
 def test_serving_bench_smoke(saved_model, tmp_path):
@@ -31,3 +31,19 @@ def test_serving_bench_smoke(saved_model, tmp_path):
     latency = task["configs"]["ours-ORT EE int8"]["latency_b1"]["t1"]
     assert 0 < latency["p50_ms"] <= latency["p99_ms"]
     assert results["onnxruntime"] and results["ort_graph_optimization"] == "ORT_ENABLE_ALL"
+
+
+def test_int8_batch_invariance_bench_smoke(saved_model, tmp_path):
+    """The per-token int8 piece of an export answers an input alone as inside its batch; `quantize_dynamic`'s piece,
+    rebuilt beside it, does not (its scale spans the batch); both stay near fp32."""
+    from finetune.onnx_export import export_onnx
+
+    export = tmp_path / "export"
+    export_onnx(saved_model, export, max_length=128)
+    out = tmp_path / "figures.json"
+    assert int8_batch_invariance.main(["--export", str(export), "--rounds", "1", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    per_token, per_tensor = figures["int8 per token (export)"], figures[int8_batch_invariance.PER_TENSOR]
+    assert per_token["batch_dependence"] <= 1e-5 < per_tensor["batch_dependence"]
+    assert figures["fp32"]["error_vs_fp32"] == 0 and 0 < per_token["error_vs_fp32"] < 1.0
+    assert all(ms > 0 for row in figures.values() for ms in row["ms"].values())
