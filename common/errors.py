@@ -67,7 +67,7 @@ def describe_os_error(err: OSError) -> str:
     """One line for an OSError: the path(s), what the OS said, its errno name, and what that usually means."""
     paths = " -> ".join(str(p) for p in (err.filename, err.filename2) if p)
     name = errno.errorcode.get(err.errno or 0, "")
-    reason = err.strerror or str(err) or type(err).__name__
+    reason = err.strerror or (str(err.args[0]) if err.args else "") or type(err).__name__
     hint = OS_ERROR_HINTS.get(err.errno or 0)
     hint = f": {hint}" if hint and hint.lower() != reason.lower() else ""
     where = paths or "an operating-system call"
@@ -87,14 +87,22 @@ _ERRNO_WORDS = {
     "Permission denied": errno.EACCES,
 }
 _SHORT_WRITE = ("unexpected pos", "file write failed", "PytorchStreamWriter failed writing")
+# numpy's `tofile`/`save` on a full disk: OSError("100000 requested and 2032 written"), no errno: as it stands it
+# prints "[Errno None] None" once a file name is attached
+_SHORT_WRITE_OS = re.compile(r"\d+ requested and \d+ written")
 LOW_SPACE_BYTES = 1 << 20  # a filesystem with less free than this after a short write was full
 
 
 def os_error_of(err: BaseException, path: str | os.PathLike | None = None) -> OSError | None:
     """The OSError `err` stands for, naming `path` when it names no file itself (None: `err` is not about the
-    operating system): an OSError as it is; a library's exception that wraps one (see above) as a new OSError. A
-    short write with no reason given is ENOSPC when the filesystem of `path` is (nearly) full, else EIO."""
+    operating system): an OSError as it is (one of a short write that gives no errno, numpy's, as below); a
+    library's exception that wraps one (see above) as a new OSError. A short write with no reason given is ENOSPC
+    when the filesystem of `path` is (nearly) full, else EIO."""
     if isinstance(err, OSError):
+        if err.errno is None and _SHORT_WRITE_OS.search(str(err.args[0]) if err.args else ""):
+            where = path if path is not None else err.filename
+            code = errno.ENOSPC if _nearly_full(where) else errno.EIO
+            return OSError(code, os.strerror(code), None if where is None else str(where))
         if path is not None and not err.filename:
             err.filename = str(path)
         return err

@@ -98,10 +98,11 @@ def atomic_path(path: str | os.PathLike, replace: bool = True, keep_suffix: bool
     """Yield a temporary path beside `path`; on success move it to `path` (a file or a directory).
 
     On an exception the temporary is removed and `path` is untouched. An existing directory at `path` is replaced
-    only when `replace` (its removal and the rename are then two steps, like every directory swap on POSIX). The
-    block writes `path`: an OSError it raises that names no file names `path`, one about the temporary names `path`
-    (or the file inside it), and a library's exception that stands for an OSError (a full disk under torch.save or
-    safetensors) is raised as that OSError (see the module docstring). `keep_suffix`: see `temporary_sibling`.
+    only by a directory and only when `replace` (never by a file: EISDIR naming `path`; the removal and the rename
+    are then two steps, like every directory swap on POSIX). The block writes `path`: an OSError it raises that
+    names no file names `path`, one about the temporary names `path` (or the file inside it), and a library's
+    exception that stands for an OSError (a full disk under torch.save or safetensors) is raised as that OSError (see
+    the module docstring). `keep_suffix`: see `temporary_sibling`.
     """
     path = Path(path)
     tmp = temporary_sibling(path, keep_suffix)
@@ -113,6 +114,8 @@ def atomic_path(path: str | os.PathLike, replace: bool = True, keep_suffix: bool
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
         if path.is_dir() and not path.is_symlink():
+            if not tmp.is_dir():  # a file never replaces a folder (whatever the caller was told: see common.outputs)
+                raise IsADirectoryError(errno.EISDIR, "a folder is there; a file never replaces one", str(path))
             if not replace:
                 raise FileExistsError(f"{path} exists")
             shutil.rmtree(path)

@@ -36,7 +36,8 @@ from common.cli import (
     config_argument,
     dispatch,
 )
-from common.errors import UserError
+from common.errors import UserError, os_error_of
+from common.outputs import CORPUS, Output, check_output
 from common.vocab import describe_unk
 
 from .errors import DataPrepError, output_errors
@@ -287,7 +288,14 @@ def _given_fields(cls: type, args: argparse.Namespace) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- commands
 
 
+TRAIN_TOKENIZER_OUTPUT = Output(
+    "train-tokenizer", "a prepared-data folder (OUTPUT/tokenizer)", folder=True, accepts=(CORPUS,)
+)
+
+
 def _cmd_train_tokenizer(args: argparse.Namespace) -> int:
+    read = [*(("", source) for source in args.inputs), ("--vocab", args.vocab)]
+    check_output(args.output, TRAIN_TOKENIZER_OUTPUT, read)
     final = Path(args.output) / "tokenizer"
     with output_errors(final, after="no tokenizer was installed: {todo} and rerun"):
         if args.vocab:
@@ -419,7 +427,9 @@ def _one_line_errors(command: Callable[[argparse.Namespace], int], args: argpars
     try:
         return command(args)
     except OSError as err:
-        raise DataPrepError(f"{err.filename or args.command}: {err.strerror or err}") from err
+        mapped = os_error_of(err)  # (numpy's short write on a full disk carries no errno: it gets one here)
+        reason = mapped.strerror or (str(mapped.args[0]) if mapped.args else "") or type(mapped).__name__
+        raise DataPrepError(f"{mapped.filename or args.command}: {reason}") from err
     except UserError as err:
         text = str(err)
         if "\n" not in text:

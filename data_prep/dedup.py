@@ -31,6 +31,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from common.outputs import DEDUP_OUTPUT as DEDUP_KIND
+from common.outputs import Output, check_output
+
 from . import dedup_lsh, dedup_report, dedup_stages, dedup_write
 from .dedup_evalsets import EvalTable, load_eval_table
 from .dedup_plan import (
@@ -53,6 +56,9 @@ __all__ = ["DedupConfig", "DedupRun", "dedup_corpus"]
 # ------------------------------------------------------------------------------------------------ the run
 
 
+DEDUP_OUTPUT = Output("dedup", "a dedup output", folder=True, accepts=(DEDUP_KIND,))
+
+
 def dedup_corpus(
     inputs: Sequence[str | os.PathLike],
     out_dir: str | os.PathLike,
@@ -72,12 +78,12 @@ def dedup_corpus(
         raise TypeError(f"unknown input settings {unknown}")
     out = Path(out_dir)
     problems = cfg.problems() + run.problems()
-    if out.is_file():
-        problems.append(f"--output {out}: exists and is not a directory")
     if not 0 <= run.task_index < max(1, run.num_tasks):
         problems.append(f"task index {run.task_index} is outside 0..{run.num_tasks - 1} (--num-tasks {run.num_tasks})")
     if problems:
         raise DataPrepError("; ".join(problems))
+    read = [("", str(i).partition("=")[2] or str(i)) for i in inputs] + [("--eval-sets", e) for e in eval_sets]
+    check_output(out, DEDUP_OUTPUT, read)
     table = None
     if eval_sets and run.stage in ("all", "signatures", "write"):  # bad evaluation files fail now, not hours in
         table = load_eval_table(eval_sets, cfg.splits(), cfg.ngram, cfg.ngram_min)

@@ -41,7 +41,7 @@ from .dedup_stages import (
     task_units,
     unit_documents,
 )
-from .errors import DataPrepError
+from .errors import DataPrepError, with_path
 from .util import CANONICAL, canonical_json
 
 log = logging.getLogger("data_prep")
@@ -117,14 +117,21 @@ class _Parts:
 
                 stream = zstandard.ZstdCompressor(level=3).stream_writer(raw, closefd=False)
             self.files[corpus] = (raw, stream, tmp)
-        self.files[corpus][1].write(json.dumps(record, ensure_ascii=False).encode("utf-8") + b"\n")
+        _, stream, tmp = self.files[corpus]
+        try:
+            stream.write(json.dumps(record, ensure_ascii=False).encode("utf-8") + b"\n")
+        except OSError as err:  # a failed write() names no file by itself
+            raise with_path(err, tmp) from None
 
     def close(self) -> dict[int, Path]:
         done = {}
         for corpus, (raw, stream, tmp) in self.files.items():
-            if stream is not raw:
-                stream.close()
-            raw.close()
+            try:
+                if stream is not raw:
+                    stream.close()
+                raw.close()
+            except OSError as err:
+                raise with_path(err, tmp) from None
             done[corpus] = tmp
         return done
 

@@ -9,7 +9,7 @@ import os
 import re
 from collections.abc import Iterator
 
-from common.errors import UserError
+from common.errors import UserError, os_error_of
 
 DISK_FULL = {errno.ENOSPC: "disk full (no space left on device)", errno.EDQUOT: "disk quota exceeded"}
 _TEMP_PART = re.compile(r"(^|/)\.([^/]+)\.tmp\d+(?=/|$)")  # `common.io.temporary_sibling` names: .NAME.tmpPID
@@ -24,17 +24,17 @@ class DataPrepError(UserError):
 
 
 def with_path(err: OSError, path: str | os.PathLike) -> OSError:
-    """`err` naming `path` when it names no file (a failed `write()` on an open file carries no file name)."""
-    if not err.filename:
-        err.filename = str(path)
-    return err
+    """`err` naming `path` when it names no file (a failed `write()` on an open file carries no file name), with its
+    errno when the writer gave none (numpy's short write on a full disk: `common.errors.os_error_of`)."""
+    return os_error_of(err, path)
 
 
 def write_error(err: OSError, out: str | os.PathLike, after: str) -> DataPrepError:
     """A failed write as a DataPrepError: the file, why (disk full, ...), and `after` (what state the output is in
     and what to do)."""
+    err = os_error_of(err, out)  # an errno for a short write that gave none
     where = _TEMP_PART.sub(r"\1\2", str(err.filename or out))  # the file being written, not its temporary name
-    reason = DISK_FULL.get(err.errno or 0) or err.strerror or str(err)
+    reason = DISK_FULL.get(err.errno or 0) or err.strerror or (str(err.args[0]) if err.args else "") or "failed"
     todo = "free space (or use another --output)" if err.errno in DISK_FULL else "fix the problem"
     return DataPrepError(f"{where}: {reason}; {after.format(out=out, todo=todo)}")
 

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from common.io import atomic_path, atomic_write_json, fsync_dir, read_object
+from common.outputs import CORPUS, Output, check_output
 from common.vocab import DEFAULT_MAX_UNK_FRACTION
 
 from . import sources as S
@@ -84,6 +85,9 @@ SHARD_FIELDS = ("docs", "sentences", "tokens", "bin_sha256", "idx_sha256", "bin_
 # ---------------------------------------------------------------------------------------------- tokenize
 
 
+TOKENIZE_OUTPUT = Output("tokenize", "a prepared corpus", folder=True, accepts=(CORPUS,))
+
+
 def tokenize_corpus(
     inputs: Sequence[str | os.PathLike],
     out_dir: str | os.PathLike,
@@ -111,9 +115,10 @@ def tokenize_corpus(
     out = Path(out_dir)
     cfg = make_config(config, **settings).resolved()
     run = RunOptions(workers, threads_per_worker, progress, finalize, allow_empty, rehash, max_unk_fraction)
-    problems = run.problems() + ([f"--output {out}: exists and is not a directory"] if out.is_file() else [])
+    problems = run.problems()
     if problems:
         raise DataPrepError("; ".join(problems))
+    check_output(out, TOKENIZE_OUTPUT, [*(("", str(i)) for i in inputs), ("--tokenizer", tokenizer)])
     task = _array_task(num_tasks, task_index)
     with output_errors(out):
         out.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from common.io import atomic_path, atomic_write_json
+from common.outputs import CORPUS_STATS, Output, check_output
 from common.vocab import DEFAULT_MAX_UNK_FRACTION, describe_unk, unk_fraction
 
 from .errors import DataPrepError, output_errors
@@ -167,11 +168,16 @@ def _plot(stats: dict[str, Any], split: str, path: Path) -> None:
     plt.close(fig)
 
 
+STATS_OUTPUT = Output("stats", "corpus statistics (stats.json, PNGs)", folder=True, accepts=(CORPUS_STATS,))
+
+
 def corpus_stats(out_dir: str | os.PathLike, output_dir: str | os.PathLike | None = None) -> dict[str, Any]:
     """Stats of every split and the [UNK] rate of the whole corpus (a warning when it is above
     `DEFAULT_MAX_UNK_FRACTION`); writes `stats.json` and `<split>_lengths.png` into output_dir (default OUT/stats)."""
     out = Path(out_dir)
     pdir = Path(output_dir) if output_dir is not None else out / "stats"
+    corpus = [("DIR", out / name) for name in ("manifest.json", "train", "valid", "tokenizer", ".work")]
+    check_output(pdir, STATS_OUTPUT, corpus)  # beside the corpus's files (DIR/stats), never among them
     first = PreparedCorpus(out, "train")
     result: dict[str, Any] = {"manifest_sha256": first.manifest_hash, "splits": {}}
     with output_errors(pdir, after="no stats were written: {todo} and rerun"):

@@ -40,7 +40,8 @@ from transformers import PreTrainedModel
 from common.errors import UserError, describe_os_error
 from common.hub import TOKENIZER_FILES, resolve_pretrained
 from common.integrity import seal
-from common.io import atomic_path, make_dirs, removed_on_failure, writing
+from common.io import atomic_path, make_dirs, peek_object, removed_on_failure, writing
+from common.outputs import MODEL_DIRECTORY, Output, check_output
 from common.run_dir import RunWriteError
 
 from .configuration import ElasticBertConfig
@@ -202,11 +203,8 @@ def export_fnlp(model_dir: str | Path, output: str | Path, *, overwrite: bool = 
     or a hub name) in the official layout at `output`, whole or not at all (written beside it, then renamed).
     Refuses an existing non-empty `output` unless `overwrite`, the model's own directory, and a model whose written
     weights would be untrained (a pre-trained directory has no classifier to export as one)."""
-    output = Path(output)
-    check_output(output, overwrite)
+    output = check_output(output, FNLP_EXPORT, [("--model", model_dir)], overwrite)
     directory = resolve_pretrained(model_dir, what="--model")
-    if output.resolve() == Path(directory).resolve():
-        raise LayoutError(f"--output {output} is the model directory itself: write the export somewhere else")
     raw = read_config(directory)
     model, report = load_pretrained(_export_class(raw), directory, raw_config=raw)
     untrained = _untrained(model, report)
@@ -227,12 +225,26 @@ def export_fnlp(model_dir: str | Path, output: str | Path, *, overwrite: bool = 
     return layout
 
 
-def check_output(output: Path, overwrite: bool) -> None:
-    """An export replaces a non-empty directory only when asked to, and never a file."""
-    if output.exists() and not output.is_dir():
-        raise LayoutError(f"--output {output} is a file, not a directory")
-    if output.is_dir() and any(output.iterdir()) and not overwrite:
-        raise LayoutError(f"--output {output} exists and is not empty (pass --overwrite to replace it)")
+def is_fnlp_export(directory: Path) -> bool:
+    """A directory `export_fnlp` wrote: the official config (no `exit_layers`) beside pytorch_model.bin, and no
+    `pretrain_info.json` (a pre-training export in this layout is `pretrain export`'s)."""
+    raw = peek_object(Path(directory) / "config.json") or {}
+    weights = (Path(directory) / WEIGHTS_BIN).is_file()
+    return weights and "num_output_layers" in raw and "exit_layers" not in raw and not _pretrain_export(directory)
+
+
+def _pretrain_export(directory: Path) -> bool:
+    return (Path(directory) / "pretrain_info.json").is_file()
+
+
+FNLP_EXPORT = Output(
+    "export --layout fnlp",
+    "a model in the official ElasticBERT layout",
+    folder=True,
+    whole=True,
+    own=is_fnlp_export,
+    accepts=(MODEL_DIRECTORY,),
+)
 
 
 def _export_class(raw: dict) -> type[PreTrainedModel]:

@@ -7,11 +7,21 @@ import argparse
 from collections.abc import Mapping
 from pathlib import Path
 
-from common.cli import add_command, add_output
+from common.cli import add_command, add_output, add_switch
 from common.errors import ConfigError
-from common.io import atomic_write_json, make_dirs, removed_on_failure
+from common.io import atomic_write_json, make_dirs, peek_object, removed_on_failure
+from common.outputs import Output, check_output
 
 from .elue import OUT_OF_RANGE, elue_score, load_baseline_with_info, load_curves, merge_systems
+
+
+def _is_report(path: Path) -> bool:
+    """An `elue-score` report: a JSON object of systems, each with its tasks and score."""
+    report = peek_object(path)
+    return bool(report) and all(isinstance(v, Mapping) and "tasks" in v and "score" in v for v in report.values())
+
+
+REPORT = Output("elue-score", "an ELUE score report (JSON)", own=_is_report)
 
 
 def format_table(name: str, report: Mapping) -> str:
@@ -66,11 +76,15 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     p.add_argument("--out-of-range", choices=OUT_OF_RANGE, default="clamp")
     p.add_argument("--system", default=None, help="score only this system (e.g. one strategy)")
     add_output(p, "write the full report as JSON here", required=False)
+    add_switch(p, "--overwrite", False, "replace an existing --output report of elue-score (never another file)")
     return p
 
 
 def main(args: argparse.Namespace) -> int:
     """`python -m finetune elue-score ...`"""
+    if args.output:
+        read = [*(("--baseline", path) for path in args.baseline), *(("--points", path) for path in args.points)]
+        check_output(args.output, REPORT, read, args.overwrite)
     baseline, info = load_baseline_with_info(args.baseline)
     systems = merge_systems([load_curves(path, role="points") for path in args.points])
     if args.system:

@@ -13,6 +13,8 @@ import torch
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
 from common.io import atomic_write_json, atomic_write_text, make_dirs, removed_on_failure
+from common.outputs import EVALUATION as EVALUATION_FOLDER
+from common.outputs import Output, check_output
 from elasticbert import ElasticBertForSequenceClassification
 
 from .config import load_run_config
@@ -22,6 +24,10 @@ from .plots import plot_layer_curve
 from .results import check_earlier_result, data_source, result_identity
 from .task_check import check_task_fits
 from .tasks import DataError, Example, MissingSplitError, TaskSpec, get_task, load_split, predictions_from_outputs
+
+EVALUATION = Output(
+    "evaluate", "an evaluation (dev_scores.json, layer curves, predictions/)", folder=True, accepts=(EVALUATION_FOLDER,)
+)
 
 
 @torch.inference_mode()
@@ -105,7 +111,8 @@ def evaluate_model(
     `max_length` defaults to the training run's (RUN/run_config.json beside RUN/best), else 128. Exits that were
     never trained are scored with a warning and listed under `untrained_exits`. A task whose labels the model's head
     does not have is refused (`task_check`). An `output` holding the evaluation of another model or configuration is
-    refused unless `overwrite` (then its prediction files are replaced too). A run that fails leaves nothing it
+    refused unless `overwrite` (then its prediction files are replaced too); an `output` that is the model, inside
+    an input, or a folder another command wrote is refused (`common.outputs`). A run that fails leaves nothing it
     created in `output` (not the folder either, when it made it) and never another model's dev_scores.json beside
     its own files.
     """
@@ -113,6 +120,7 @@ def evaluate_model(
         raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
     if max_examples is not None and max_examples < 1:
         raise ConfigError(f"--max-examples must be >= 1, got {max_examples}")
+    check_output(output, EVALUATION, [("--model", model_dir), ("--data-dir", data_dir)], overwrite)
     place = resolve_device(device)
     model_dir = resolve_pretrained(model_dir, what="--model")
     model = load_finetuned(model_dir, purpose="scoring them").to(place)

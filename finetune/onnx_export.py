@@ -36,9 +36,10 @@ from torch import nn
 from common.errors import ConfigError
 from common.integrity import seal
 from common.io import atomic_path, atomic_write_json, make_dirs, removed_on_failure
+from common.outputs import ONNX_EXPORT, Output, check_output
 from common.run_dir import describe_write_error
 from elasticbert.exit_setting import EarlyExitSetting
-from elasticbert.fnlp_export import LayoutError, check_output, copy_tokenizer_files
+from elasticbert.fnlp_export import copy_tokenizer_files
 from elasticbert.loading import read_config
 
 from .model import load_finetuned
@@ -46,6 +47,14 @@ from .model import load_finetuned
 ONNX_DIR = "onnx"
 MANIFEST = f"{ONNX_DIR}/manifest.json"
 FORMAT = "elasticbert-onnx-early-exit/1"
+ONNX_OUTPUT = Output(
+    "export --layout onnx",
+    "an ONNX early-exit export",
+    folder=True,
+    whole=True,
+    own=lambda path: (path / MANIFEST).is_file(),
+    accepts=(ONNX_EXPORT,),
+)
 OPSET = 17
 INT8_SCHEME = "per-token symmetric activations (uint8, zero point 128), per-channel symmetric int8 weights"
 
@@ -197,11 +206,8 @@ def write_pieces(model: nn.Module, directory: Path) -> dict:
 def export_onnx(model_dir: str | Path, output: str | Path, *, max_length: int, overwrite: bool = False) -> dict:
     """Write `model_dir` (a fine-tuned RUN/best, typically after `save-early-exit`) as ONNX pieces at `output`, whole
     or not at all (written beside it, renamed, sealed). Returns the manifest."""
-    output = Path(output)
-    check_output(output, overwrite)
+    output = check_output(output, ONNX_OUTPUT, [("--model", model_dir)], overwrite)
     directory = Path(model_dir)
-    if output.resolve() == directory.resolve():
-        raise LayoutError(f"--output {output} is the model directory itself: write the export somewhere else")
     raw = read_config(directory)
     if raw.get("early_exit") is not None:  # a saved setting must be one a config can carry, before any work
         EarlyExitSetting.from_dict(raw["early_exit"], source=f"{directory / 'config.json'}: early_exit")

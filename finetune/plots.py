@@ -137,7 +137,8 @@ def plot_embeddings(arrays: dict[str, np.ndarray], output: str | Path, method: s
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = _save(fig, Path(output))
-    np.savez(path.with_suffix(".npz"), **arrays)
+    with atomic_path(path.with_suffix(".npz"), keep_suffix=True) as tmp:  # never a truncated .npz left behind
+        np.savez(tmp, **arrays)
     return path
 
 

@@ -7,7 +7,9 @@ order: `label`, `probabilities`, `exit_layer`, `flops`, `tokens` (see `predict.p
 and `reason` instead, the summary names such inputs (FILE:LINE), and a run in which no input was readable exits 2. A
 file is read and checked whole, then classified in length-sorted batches with a progress bar; stdin is streamed:
 lines are classified in small batches as they arrive and each answer is written (and flushed) at once. `--output
-FILE` is written atomically (nothing is left on an error) and never replaces an existing file without `--overwrite`.
+FILE` is written atomically (nothing is left on an error); it is never a folder, the model or an input, nor inside
+one, and it replaces an existing file only with `--overwrite` and only when that file is predictions `predict`
+wrote (`common.outputs`).
 A summary (inputs/s, exit histogram, mean FLOPs against the full model's) goes to stderr.
 """
 
@@ -31,12 +33,13 @@ from tqdm.auto import tqdm
 from common.cli import add_command, add_device, add_output, add_threads, config_argument
 from common.errors import ConfigError
 from common.io import atomic_path, make_dirs, removed_on_failure, write_all
+from common.outputs import Output, check_output, first_json_line_has
 from common.vocab import DEFAULT_MAX_UNK_FRACTION
 from elasticbert import save_early_exit
 from elasticbert.flops import sample_flops
 from elasticbert.precision import Precision
 
-from .early_exit.operating_point import chosen_setting, run_precision
+from .early_exit.operating_point import chosen_setting, run_precision, split_spec
 from .early_exit.rules import PREDICT_STRATEGIES
 from .inputs import STDIN, InputFormat, LineParser, TextInput, arriving_batches, read_inputs, resolve_format
 from .model import resolve_device
@@ -45,6 +48,9 @@ from .predict import EarlyExitClassifier
 from .tasks import DataError
 from .verdicts import DEFAULT_MIN_READABLE_SHARE
 
+PREDICTIONS = Output(
+    "predict", "a JSONL file of predictions", own=lambda path: first_json_line_has(path, ("label", "value", "flag"))
+)
 CHUNK = 4096  # inputs of a file classified (and written) at a time: length-sorted within, memory bounded
 
 
@@ -100,7 +106,7 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     option("input", help="txt, JSONL or TSV file, or - for stdin (streamed)")
     option("format", help="input format (auto: from the file's suffix; stdin: txt)")
     add_output(p, "JSONL file (default: stdout)", required=False)
-    option("overwrite", help="replace an existing --output file")
+    option("overwrite", help="replace an existing --output file of predictions (never a folder or another file)")
     _rule_arguments(p)
     option("batch_size", help="inputs per batch (stdin: at most; batches close as lines stop arriving)")
     option("max_length", help="tokens per input (default: the operating point's, else the training run's, else 128)")
@@ -148,6 +154,19 @@ def _rule_arguments(p: argparse.ArgumentParser, lte: bool = True) -> None:
     for name, text in helps.items():
         if lte or name != "lte_head":
             config_argument(p, PredictConfig, name, help=text, **extra.get(name, {}))
+
+
+def predict_inputs(args: argparse.Namespace) -> list[tuple[str, object]]:
+    """What `predict` reads, for `check_output`: the model, the input file, the operating point's result, the LTE
+    head."""
+    point = getattr(args, "operating_point", None)
+    point = str(split_spec(point)[0]) if point else None
+    return [
+        ("--model", args.model),
+        ("--input", args.input),
+        ("--operating-point", point),
+        ("--lte-head", getattr(args, "lte_head", None)),
+    ]
 
 
 def option_problems(args: argparse.Namespace) -> list[str]:
@@ -225,8 +244,8 @@ def main(args: argparse.Namespace) -> int:
     fmt = resolve_format(args.input, args.format)
     if args.input != "-" and not Path(args.input).is_file():
         raise ConfigError(f"--input {args.input}: no such file")
-    if args.output and Path(args.output).exists() and not args.overwrite:
-        raise ConfigError(f"--output {args.output} exists; pass --overwrite to replace it")
+    if args.output:
+        check_output(args.output, PREDICTIONS, predict_inputs(args), args.overwrite)
     device = resolve_device(args.device) if args.runtime == "torch" else torch.device("cpu")
     if args.threads:
         torch.set_num_threads(args.threads)

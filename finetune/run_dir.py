@@ -14,11 +14,12 @@ an interrupted attempt):
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from common.dist import resolve_env
+from common.outputs import FINETUNE_RUN, Output, check_output
 from common.run_dir import (
-    RunDirError,
     RunLock,
     clear_run_files,
     in_use,
@@ -36,10 +37,15 @@ RUN_DIRS = ("tensorboard", RESUME)
 LEFTOVERS = (".best.tmp*",)  # a best/ being written when its process died
 
 
-def check_run_dir(run_dir: Path, overwrite: bool) -> None:
-    """Refuse, before anything is loaded, a finished run (unless `overwrite`) or a running one; changes nothing."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise RunDirError(f"--output {run_dir}: is a file, not a directory")
+RUN_OUTPUT = Output("finetune train", "a fine-tuning run directory", folder=True, accepts=(FINETUNE_RUN,))
+
+
+def check_run_dir(run_dir: Path, overwrite: bool, inputs: Iterable[tuple[str, object]] = ()) -> None:
+    """Refuse, before anything is loaded, a finished run (unless `overwrite`) or a running one, and a run directory
+    that is a file, another command's folder (a model directory, a pre-training run, ...), one of the run's `inputs`
+    (model, tokenizer, data), inside one, or holding one (`common.outputs`: a run's files there may be replaced);
+    changes nothing."""
+    check_output(run_dir, RUN_OUTPUT, inputs, overwrite=True)  # (a run's files there may be replaced: see above)
     holder = lock_holder(run_dir)
     if holder is not None:
         raise in_use(run_dir, WHO, holder)

@@ -40,6 +40,7 @@ import numpy as np
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
 from common.io import atomic_write_json, atomic_write_text, make_dirs, read_object, removed_on_failure
+from common.outputs import SUBMISSION, Output, check_output
 from elasticbert import ElasticBertForSequenceClassification
 from elasticbert.early_exit import make_rule
 from elasticbert.exit_setting import degenerate_problem
@@ -52,6 +53,10 @@ from .early_exit.sweep import is_early_exit_result
 from .model import check_max_length, load_finetuned, resolve_device
 from .task_check import check_task_fits
 from .tasks import DataError, TaskSpec, get_task, load_split
+
+SUBMISSION_OUTPUT = Output(
+    "submission", "ELUE submission folders (<strategy>_<threshold>/)", folder=True, accepts=(SUBMISSION,)
+)
 
 SUBMISSION_JSON = "a submission.json written by `finetune submission` (a JSON object)"
 
@@ -245,15 +250,21 @@ def write_submissions_for_results(
     strategies: Sequence[str] | None = None,
     device: str = "auto",
     overwrite: bool = False,
+    inputs: Sequence[tuple[str, object]] = (),
 ) -> list[Path]:
     """Re-run every operating point of an early-exit result on the test split and write its submission files to
     `directory/<strategy>_<threshold>/`. The model, data and settings come from the result JSON unless given.
 
     A folder collects one system's submission: each task's files may come from another result, but one task's
     files from two results (two models of that task) are never mixed — refused, or with `overwrite` the task's earlier
-    files are removed from every point directory first."""
+    files are removed from every point directory first. `directory` is refused when it is (or is inside) what the
+    run reads (`inputs`: (option, path) besides the result's model, data and LTE head) or a folder another command
+    wrote (`common.outputs`)."""
     if not is_early_exit_result(results):
         raise DataError("not an early-exit result (its 'format' is not elasticbert-early-exit/...)")
+    read = [("the result's model", results.get("model")), ("the result's data_dir", results.get("data_dir"))]
+    read += [("the result's lte_head", results.get("lte_head")), *inputs]
+    check_output(directory, SUBMISSION_OUTPUT, read, overwrite)
     identity = {"early_exit": results.get("identity") or results.get("model"), "split": split_name}
     spec = get_task(results.get("task", ""))
     _claim_task(Path(directory), spec.submission_name or spec.name, identity, overwrite)

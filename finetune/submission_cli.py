@@ -33,7 +33,13 @@ def main(args: argparse.Namespace) -> int:
     results = load_result(path)
     chosen = [s.strip() for s in args.strategy.split(",") if s.strip()] if args.strategy else None
     written = write_submissions_for_results(
-        results, args.output, split_name=args.split, strategies=chosen, device=args.device, overwrite=args.overwrite
+        results,
+        args.output,
+        split_name=args.split,
+        strategies=chosen,
+        device=args.device,
+        overwrite=args.overwrite,
+        inputs=[("--results", path)],
     )
     print(f"{path}: wrote {len(written)} submission directories under {args.output}")
     return 0

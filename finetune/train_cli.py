@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from common.cli import add_command, add_output, add_switch, config_argument, given_config_keys
 from common.config import RENAMED_KEYS
@@ -24,6 +25,7 @@ from .config import (
     recipe_names,
     resolve_config,
 )
+from .run_dir import check_run_dir
 from .trainer import run_training
 
 EPILOG = """examples:
@@ -200,6 +202,8 @@ def _main(args: argparse.Namespace) -> int:
     if args.config:
         changed = sorted(k for k, v in sources.items() if v.startswith("-"))
         print(f"{args.config}: overridden on the command line: {', '.join(changed) or 'nothing'}", file=sys.stderr)
+    read = [("--model", cfg.model.path), ("--tokenizer", cfg.model.tokenizer), ("--data-dir", cfg.data.dir)]
+    check_run_dir(Path(args.output), args.overwrite, [*read, ("--config", args.config)])
     try:
         summary = run_training(cfg, args.output, args.overwrite, sources)
     except Preempted as stop:  # saved (or nothing to save yet): one line, and the requeue code

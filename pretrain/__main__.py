@@ -21,6 +21,7 @@ from pathlib import Path
 
 from common.cli import add_command, add_debug, add_output, add_switch, config_argument, dispatch
 from common.errors import EXIT_PEER_LOST
+from common.outputs import PRETRAIN_RUN, Output, check_output
 
 from .config import CheckpointConfig, ConfigError, load_config
 from .precision import DeviceCaps
@@ -139,6 +140,17 @@ def _verify_argument(p: argparse.ArgumentParser, when: str) -> None:
     )
 
 
+RUN_OUTPUT = Output("pretrain", "a pre-training run directory", folder=True, accepts=(PRETRAIN_RUN,))
+
+
+def check_run_output(args: argparse.Namespace, cfg: object) -> None:
+    """The run directory is not one of the run's inputs (its config, corpora, `init_from` model), not inside one,
+    and not another command's folder (a model directory, a prepared corpus, a fine-tuning run): `common.outputs`."""
+    inputs = [("--config", args.config), ("model.init_from", cfg.model.init_from)]
+    inputs += [(f"data.corpora[{i}].path", corpus.path) for i, corpus in enumerate(cfg.data.corpora)]
+    check_output(args.output, RUN_OUTPUT, inputs)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from elasticbert.verification import set_checksum_verification
 
@@ -146,6 +158,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     set_checksum_verification(args.verify_checksums)  # init_from is loaded under the same flag as the checkpoints
     cfg = load_config(args.config, args.overrides)
+    check_run_output(args, cfg)
     return train(cfg, Path(args.output), args.ds_config, args.force_resume, args.verify_checksums)
 
 
@@ -153,7 +166,9 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # torch's store retries print C++ traces; we say why
     from .preflight import preflight
 
-    return preflight(load_config(args.config, args.overrides), Path(args.output), args.ds_config)
+    cfg = load_config(args.config, args.overrides)
+    check_run_output(args, cfg)
+    return preflight(cfg, Path(args.output), args.ds_config)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -168,6 +183,8 @@ def cmd_build_index(args: argparse.Namespace) -> int:
     from .corpora import open_data
 
     cfg = load_config(args.config, args.overrides + ["data.verify=true"])  # offline: verify and stamp
+    if args.output:
+        check_run_output(args, cfg)
     bundle = open_data(cfg, Path(args.output) if args.output else Path.cwd(), need_valid=True)
     datasets = [d for pair in zip_longest(bundle.train, bundle.valid) for d in pair if d is not None]
     for path, d in zip(bundle.index_paths, datasets):  # index_paths: per corpus, train then valid

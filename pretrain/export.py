@@ -24,6 +24,7 @@ import torch
 from common.errors import describe_os_error
 from common.integrity import IntegrityError, seal
 from common.io import atomic_path, make_dirs, removed_on_failure
+from common.outputs import MODEL_DIRECTORY, Output, check_output
 from common.run_dir import RunWriteError
 from elasticbert import ElasticBertConfig, ElasticBertForPreTraining  # (importing elasticbert registers Auto*)
 from elasticbert.fnlp_export import plan_fnlp, save_fnlp
@@ -51,13 +52,23 @@ def consolidated_state_dict(ckpt_dir: Path, tag: str) -> dict[str, torch.Tensor]
 
 
 LAYOUTS = ("ours", "fnlp")
+INFO = "pretrain_info.json"  # what marks a directory `export` wrote (its tag, step, config hash)
+EXPORT = Output(
+    "pretrain export",
+    "a pre-trained model exported by pretrain export",
+    folder=True,
+    whole=True,
+    own=lambda path: (path / INFO).is_file(),
+    accepts=(MODEL_DIRECTORY,),
+)
 
 
 def export(
     ckpt_dir: Path, tag: str | None, output: Path, overwrite: bool = False, verify: bool = True, layout: str = "ours"
 ) -> Path:
-    """Write `output` (weights + config + tokenizer files, in `layout`); returns it. Refuses to replace an existing
-    non-empty directory unless `overwrite`, a checkpoint that fails its checksums unless not `verify`, non-finite
+    """Write `output` (weights + config + tokenizer files, in `layout`); returns it. Refuses an `output` inside the
+    checkpoints or holding them, or that is not empty and not an earlier export (`common.outputs`; one is replaced
+    only with `overwrite`), a checkpoint that fails its checksums unless not `verify`, non-finite
     weights always, and (layout "fnlp") a model the official layout cannot express."""
     if layout not in LAYOUTS:
         raise ResumeError(f"--layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
@@ -68,9 +79,7 @@ def export(
     export_files = ckpt_dir / tag / "export"
     if not (export_files / "config.json").is_file():
         raise ResumeError(f"{export_files / 'config.json'} is missing: not a checkpoint written by pretrain")
-    output = Path(output)
-    if output.exists() and any(output.iterdir()) and not overwrite:
-        raise ResumeError(f"{output} exists and is not empty (pass --overwrite to replace it)")
+    output = check_output(output, EXPORT, [("--checkpoint", ckpt_dir)], overwrite)
 
     verify_checkpoint(ckpt_dir, tag, verify, what="export")
     try:
@@ -121,5 +130,5 @@ def _write_export(
                     if f.is_file() and not (tmp / f.name).exists():
                         shutil.copy2(f, tmp / f.name)
             fields = {"tag": tag_dir.name, **{k: info.get(k) for k in ("step", "consumed_samples", "config_hash")}}
-            (tmp / "pretrain_info.json").write_text(json.dumps(fields, indent=2))
+            (tmp / INFO).write_text(json.dumps(fields, indent=2))
             seal(tmp)  # checked whenever the export is loaded

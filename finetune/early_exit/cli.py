@@ -16,6 +16,7 @@ from common.cli import add_command, add_max_examples, add_output, add_switch, co
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
 from common.io import atomic_write_json, make_dirs, read_object, removed_on_failure
+from common.outputs import EARLY_EXIT_RESULTS, Output, check_output
 from elasticbert import ElasticBertForSequenceClassification
 from elasticbert.precision import PRECISIONS, for_inference, precision_problem
 
@@ -45,6 +46,10 @@ DESCRIPTION = (
 )
 
 
+EARLY_EXIT_OUTPUT = Output(
+    "early-exit", "early-exit results (early_exit_*.json, .png, samples/)", folder=True, accepts=(EARLY_EXIT_RESULTS,)
+)
+LTE_HEAD_OUTPUT = Output("early-exit", "an LTE head file")
 EARLY_EXIT_HELP = "sweep early-exit rules on a fine-tuned multi-exit model: score, FLOPs, speed-ups, Pareto plot"
 
 
@@ -164,6 +169,10 @@ def main(args: argparse.Namespace) -> int:
     strategies = resolve_strategies(args.strategy, task.num_labels)
     output = Path(args.output or Path("runs") / "early_exit" / task.name.replace("/", "_"))
     sweep_config(args, strategies, None, output, task)  # option errors surface before the model or any data is read
+    inputs = [("--model", args.model), ("--data-dir", args.data_dir)]
+    check_output(output, EARLY_EXIT_OUTPUT, [*inputs, ("--lte-head", args.lte_head)])
+    if args.lte_head and not Path(args.lte_head).exists():  # trained and written there: never into the model
+        check_output(args.lte_head, LTE_HEAD_OUTPUT, inputs, flag="--lte-head")
     device = resolve_device(args.device)
     model_dir = resolve_pretrained(args.model, what="--model")
     if problem := precision_problem(args.precision, device):

@@ -232,7 +232,7 @@ def test_stats_output_and_one_line_errors(small_prepared, tmp_path, capsys, monk
             ["tokenize", "{book}", "--output", "{tmp}/o", "--tokenizer", "{vocab}", "--shard-tokens", "0"],
             "--shard-tokens must be >= 1",
         ),
-        (["tokenize", "{book}", "--output", "{book}", "--tokenizer", "{vocab}"], "exists and is not a directory"),
+        (["tokenize", "{book}", "--output", "{book}", "--tokenizer", "{vocab}"], "is the input"),
         (["finalize", "{tmp}", "--max-unk-fraction", "-1"], "--max-unk-fraction must be in [0, 1]"),
         (["train-tokenizer", "{book}", "--output", "{tmp}/o", "--vocab-size", "3"], "--vocab-size must be in 6.."),
         (["train-tokenizer", "{book}", "--output", "{tmp}/o", "--threads", "0"], "--threads must be >= 1"),

@@ -172,7 +172,7 @@ def test_disk_full_while_best_is_written(tmp_path, capsys, glue):
 
 def test_output_that_is_a_file(tmp_path, capsys, glue):
     (tmp_path / "file").write_text("x")
-    assert "is a file, not a directory" in error_of(capsys, train_argv(glue, tmp_path / "file"))
+    assert "is a file; finetune train writes a folder" in error_of(capsys, train_argv(glue, tmp_path / "file"))
 
 
 # ---------------------------------------------------------------------------------------------------- bad options
@@ -735,11 +735,14 @@ def test_predict_options_are_checked_before_anything_runs(tmp_path, capsys, fini
     assert "--threshold, not both" in error_of(capsys, base + ["--operating-point", str(result), "--threshold", "1"])
     message = error_of(capsys, base + ["--operating-point", f"{result}:entropy=0.2"])
     assert "the operating point was measured on MRPC" in message and "fine-tuned on SST-2" in message
-    # an existing --output is kept unless --overwrite
+    # an existing --output is kept unless --overwrite, and --overwrite replaces only predictions (issue 47)
     out = tmp_path / "out.jsonl"
     out.write_text("keep me\n")
-    assert "exists; pass --overwrite" in error_of(capsys, base + ["--output", str(out)])
+    for extra in ([], ["--overwrite"]):
+        assert "is not a JSONL file of predictions" in error_of(capsys, base + ["--output", str(out), *extra])
     assert out.read_text() == "keep me\n"
+    out.write_text('{"label": "1", "exit_layer": 2}\n')  # an earlier run's predictions
+    assert "exists (a JSONL file of predictions" in error_of(capsys, base + ["--output", str(out)])
     assert main(base + ["--output", str(out), "--overwrite"]) == 0
     assert json.loads(out.read_text())["exit_layer"] == 1  # this model's one exit
 

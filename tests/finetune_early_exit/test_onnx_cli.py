@@ -60,7 +60,7 @@ def test_bad_input_is_one_line(saved_model, cli_export, tmp_path):
     for argv, needle in (
         (["predict", "--model", str(saved_model), "--runtime", "onnxruntime"], "not an ONNX early-exit export"),
         (["predict", "--model", str(copy), "--runtime", "onnxruntime"], "exit_3.onnx"),
-        (["export", "--model", str(saved_model), "--output", str(cli_export), "--format", "onnx"], "not empty"),
+        (["export", "--model", str(saved_model), "--output", str(cli_export), "--format", "onnx"], "pass --overwrite"),
         (["predict", "--model", str(cli_export), "--runtime", "onnxruntime", "--device", "cuda"], "--device cpu"),
     ):
         proc = _cli(*argv)
