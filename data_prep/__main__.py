@@ -43,6 +43,7 @@ from common.vocab import describe_unk
 from .errors import DataPrepError, output_errors
 from .pipeline import RunOptions, finalize_dir, iter_corpus_texts, tokenize_corpus
 from .plan import PrepConfig
+from .sources import describe_text_faults
 from .stats import corpus_stats
 from .tokenizer import TokenizerTraining, adopt_vocab, train_tokenizer
 from .verify import summary, verify_dir
@@ -139,6 +140,18 @@ def _add_train_tokenizer(sub: Any) -> None:
     _input_options(p)
 
 
+def _add_max_nontext_fraction(p: argparse.ArgumentParser | Any, cls: type) -> None:
+    config_argument(
+        p,
+        cls,
+        "max_nontext_fraction",
+        metavar="F",
+        help="refuse an input file more than this fraction of whose first MiB is undecodable bytes (U+FFFD after "
+        "decoding) or control characters: not text (an executable, an archive); 1 accepts anything; every file's "
+        "counts are reported either way",
+    )
+
+
 def _add_max_unk_fraction(p: argparse.ArgumentParser) -> None:
     config_argument(
         p,
@@ -187,6 +200,7 @@ def _add_tokenize(sub: Any) -> None:
     config_argument(p, RunOptions, "rehash", help="on resume, re-hash finished units (--no-rehash trusts their sizes)")
     config_argument(p, RunOptions, "progress", default=True, help="show a progress bar")
     _add_max_unk_fraction(p)
+    _add_max_nontext_fraction(p, RunOptions)
     _input_options(p)
 
 
@@ -246,6 +260,7 @@ def _add_dedup(sub: Any) -> None:
     config_argument(g, DedupRun, "stage", help="all (one task), or one stage: signatures and write run as arrays")
     size_argument(g, DedupRun, "lsh_memory", help="memory of --stage clusters, its workers together")
     config_argument(g, DedupRun, "rehash", help="re-hash finished work items before using them")
+    _add_max_nontext_fraction(g, DedupRun)
     _input_options(p)
 
 
@@ -362,6 +377,7 @@ def _cmd_dedup(args: argparse.Namespace) -> int:
         args.lsh_memory,
         allow_empty=args.allow_empty,
         rehash=args.rehash,
+        max_nontext_fraction=args.max_nontext_fraction,
     )
     res = dedup_corpus(args.inputs, args.output, eval_sets, cfg, run, **settings)
     if "totals" in res:
@@ -372,6 +388,8 @@ def _cmd_dedup(args: argparse.Namespace) -> int:
             f"documents ({t['bytes_kept'] / 1e6:,.1f} MB) kept -> {Path(args.output) / 'text'}; report: "
             f"{Path(args.output) / 'dedup_report.md'}"
         )
+        for line in describe_text_faults(res.get("text_faults") or {}):
+            print(f"{args.output}: note: {line}")
     else:
         print(
             f"{args.output}: stage {res['stage']}: task {res.get('task', 0)}/{res.get('num_tasks', 1)} done "
@@ -394,6 +412,8 @@ def _print_manifest(out: str, m: dict[str, Any]) -> None:
         print(f"{out}: {describe_unk(m['totals']['unk_tokens'], m['totals']['tokens'])}")
     if m["totals"].get("decode_errors"):
         print(f"{out}: {m['totals']['decode_errors']} undecodable byte sequences were replaced by U+FFFD")
+    for line in describe_text_faults(m.get("text_faults") or {}):
+        print(f"{out}: note: {line}")
 
 
 def _cmd_finalize(args: argparse.Namespace) -> int:

@@ -35,6 +35,7 @@ from common.outputs import DEDUP_OUTPUT as DEDUP_KIND
 from common.outputs import Output, check_output
 
 from . import dedup_lsh, dedup_report, dedup_stages, dedup_write
+from . import sources as S
 from .dedup_evalsets import EvalTable, load_eval_table
 from .dedup_plan import (
     INPUT_SETTINGS,
@@ -94,6 +95,10 @@ def dedup_corpus(
         done = finished_report(out, phash)
         if done is not None:
             return done
+        if run.stage in ("all", "signatures"):  # the files this task reads, judged before any work
+            mine = range(run.task_index, len(plan["units"]), max(1, run.num_tasks))
+            read = sorted({si for u in mine for si, _, _ in plan["units"][u]})
+            S.check_text_sources([plan["sources"][si] for si in read], run.max_nontext_fraction)
         record_plan(out, plan)
         return run_stages(out, plan, phash, table, run)
 

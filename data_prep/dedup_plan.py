@@ -95,9 +95,12 @@ class DedupRun:
     lsh_memory: int = 2 << 30
     allow_empty: bool = False
     rehash: bool = True
+    max_nontext_fraction: float = S.DEFAULT_MAX_NONTEXT_FRACTION  # (judges inputs; changes no output byte)
 
     def problems(self) -> list[str]:
         problems = literal_problems(self, key=lambda name: "--" + name.replace("_", "-"))
+        if not 0 <= self.max_nontext_fraction <= 1:
+            problems.append(f"--max-nontext-fraction must be within [0, 1] (got {self.max_nontext_fraction})")
         if self.workers < 1:
             problems.append(f"--workers must be >= 1 (got {self.workers})")
         if self.lsh_memory < 16 << 20:

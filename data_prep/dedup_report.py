@@ -15,6 +15,7 @@ from typing import Any
 from common.integrity import hash_files, sha256_bytes, write_checksums
 from common.io import atomic_write_text, peek_object, read_object
 
+from . import sources as S
 from .dedup_lsh import load_roots
 from .dedup_manifest import REPORT, TEXT_DIR
 from .dedup_plan import REPORT_MD, DedupRun, remove_work
@@ -129,6 +130,8 @@ def build_report(ctx: DedupContext, records: list[dict[str, Any]], clusters: dic
         "eval_sets": eval_sets,
         "contamination_by_set": _by_set(sums["contamination"], eval_sets),
         "outputs": {"files": files, "bytes": sum(r["files"][n]["size"] for r in records for n in r["files"])},
+        # per input file: [U+FFFD after decoding, control characters] (files without either are not listed)
+        "text_faults": S.merge_text_faults(records),
         **sums,
     }
     return report
@@ -177,6 +180,9 @@ def report_markdown(report: dict[str, Any]) -> str:
             f"| {s['name']} | {s['n']} | {s['examples']:,} | {s['too_short']:,} | {cell['docs']:,} | "
             f"{cell['grams']:,} |"
         )
+    if report.get("text_faults"):
+        lines += ["", "Input files holding what is not text (kept in the documents as read):", ""]
+        lines += [f"- {line}" for line in S.describe_text_faults(report["text_faults"], most=20)]
     lines += ["", "Examples of contamination (corpus text around the first hit):", ""]
     for ex in report["examples"].get("contamination", [])[:5]:
         text = " ".join(ex["text"].split())

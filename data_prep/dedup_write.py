@@ -268,8 +268,8 @@ def write_unit(state: WriteState, u: int) -> dict[str, Any]:
     tmp_dir.mkdir(parents=True)
     files = {}
     try:
-        parts = _Parts(state, u, tmp_dir)
-        for batch in batches(unit_documents(ctx.plan, u, S.ReadStats())):
+        parts, stats = _Parts(state, u, tmp_dir), S.ReadStats()
+        for batch in batches(unit_documents(ctx.plan, u, stats)):
             _write_batch(state, u, batch, recs[pos : pos + len(batch)], pos, parts, counts, cache)
             pos += len(batch)
         if pos != len(recs):
@@ -284,6 +284,7 @@ def write_unit(state: WriteState, u: int) -> dict[str, Any]:
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     record = {"unit": u, "write_key": state.write_keys[u], "files": files, **counts.as_json()}
+    record["text_faults"] = dict(sorted(stats.text_faults.items()))  # U+FFFD and control characters per file
     atomic_write_json(write_dir(ctx.out) / f"{key}.json", record, **CANONICAL)
     return record
 

@@ -102,6 +102,7 @@ def tokenize_corpus(
     allow_empty: bool = False,
     rehash: bool = True,
     max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION,
+    max_nontext_fraction: float = S.DEFAULT_MAX_NONTEXT_FRACTION,
     **settings: Any,
 ) -> dict[str, Any]:
     """Tokenize `inputs` into shards under `out_dir`; see the module docstring for the layout.
@@ -114,7 +115,9 @@ def tokenize_corpus(
     """
     out = Path(out_dir)
     cfg = make_config(config, **settings).resolved()
-    run = RunOptions(workers, threads_per_worker, progress, finalize, allow_empty, rehash, max_unk_fraction)
+    run = RunOptions(
+        workers, threads_per_worker, progress, finalize, allow_empty, rehash, max_unk_fraction, max_nontext_fraction
+    )
     problems = run.problems()
     if problems:
         raise DataPrepError("; ".join(problems))
@@ -137,10 +140,13 @@ class RunOptions:
     allow_empty: bool = False
     rehash: bool = True
     max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION
+    max_nontext_fraction: float = S.DEFAULT_MAX_NONTEXT_FRACTION
 
     def problems(self) -> list[str]:
         """Out-of-range values, named by their command-line flags."""
         problems = [unk_fraction_problem(self.max_unk_fraction)]
+        if not 0 <= self.max_nontext_fraction <= 1:
+            problems.append(f"--max-nontext-fraction must be within [0, 1] (got {self.max_nontext_fraction})")
         if self.workers < 1:
             problems.append(f"--workers must be >= 1 (got {self.workers})")
         if self.threads_per_worker < 1:
@@ -169,6 +175,8 @@ def _tokenize(
     keys = unit_keys(plan)
     mine = list(range(j, len(plan["units"]), J))
     todo = _units_to_do(out, keys, mine, run.rehash)
+    read = sorted({si for u in todo for si, _, _ in plan["units"][u]})  # the files this task reads: judged first
+    S.check_text_sources([plan["sources"][si] for si in read], run.max_nontext_fraction)
     log.info(
         "%s: %d units planned, task %d/%d has %d (%d already done, %d to do)",
         out,
@@ -522,6 +530,8 @@ def _manifest(
             "decode_errors": sum(u["decode_errors"] for u in units),
             "units": len(units),
         },
+        # per input file: [U+FFFD after decoding, control characters] (files without either are not listed)
+        "text_faults": S.merge_text_faults(units),
     }
 
 

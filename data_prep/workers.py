@@ -198,6 +198,7 @@ def _write_unit(
         "input_bytes": stats.bytes_read,
         "input_sha256": stats.hasher.hexdigest(),
         "decode_errors": stats.decode_errors,
+        "text_faults": dict(sorted(stats.text_faults.items())),
         "docs": writer.docs,
         "tokens": writer.tokens,
         "unk_tokens": writer.unk,

@@ -134,7 +134,9 @@ class ElasticBertConfig(PretrainedConfig):
         self.exit_mha_heads = exit_mha_heads
         self.classifier_dropout = classifier_dropout
         if early_exit is not None:  # a ValueError naming the key (load_pretrained names the file)
-            early_exit = EarlyExitSetting.from_dict(early_exit, self.num_labels, "early_exit").to_dict()
+            task = getattr(self, "finetuning_task", None)  # a threshold of another task's sweep is refused
+            setting = EarlyExitSetting.from_dict(early_exit, self.num_labels, "early_exit", len(self.exit_layers), task)
+            early_exit = setting.to_dict()
         self.early_exit = early_exit
         self.tokenizer_identity = tokenizer_identity
 

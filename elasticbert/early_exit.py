@@ -186,21 +186,34 @@ class StaticRule(ExitRule):
         return {}
 
 
-def rule_for(setting: EarlyExitSetting, num_labels: int, **extras: Any) -> ExitRule:
-    """The rule of a setting, from the rule table, for a model with `num_labels` outputs: the setting is validated
-    here (a ConfigError lists its problems), the one check on a threshold's way to the rule. `extras` go to the
-    rule's factory (`lte_head=` for the learned exit head)."""
-    setting.validated(num_labels)
+def rule_for(
+    setting: EarlyExitSetting,
+    num_labels: int,
+    num_exits: int | None = None,
+    model_task: str | None = None,
+    **extras: Any,
+) -> ExitRule:
+    """The rule of a setting, from the rule table, for a model with `num_labels` outputs and `num_exits` exits,
+    fine-tuned on `model_task` (the last two when known): the setting is validated here (a ConfigError lists its
+    problems: a threshold out of range, one that decides without the input, another task's), the one check on a
+    threshold's way to the rule. `extras` go to the rule's factory (`lte_head=` for the learned exit head)."""
+    setting.validated(num_labels, num_exits=num_exits, model_task=model_task)
     rule = RULES[setting.strategy].build(setting, num_labels, **extras)
     rule.setting = setting
     return rule
 
 
 def make_rule(
-    strategy: str, threshold: float | None, num_labels: int, patience: int = 2, delta: float = 0.1, **extras: Any
+    strategy: str,
+    threshold: float | None,
+    num_labels: int,
+    patience: int = 2,
+    delta: float = 0.1,
+    num_exits: int | None = None,
+    **extras: Any,
 ) -> ExitRule:
     """`rule_for` a setting given by its fields: for `patience` the threshold is k, `static` takes none (None)."""
-    return rule_for(EarlyExitSetting(strategy, threshold, patience, delta), num_labels, **extras)
+    return rule_for(EarlyExitSetting(strategy, threshold, patience, delta), num_labels, num_exits, **extras)
 
 
 def _fixed(*grid: float) -> Any:
@@ -235,8 +248,8 @@ for _rule in (
         (0.0, math.inf),
         "a whole number of exits >= 0",
         whole=True,
-        grid=lambda num_labels, num_exits: [float(k) for k in range(1, num_exits)],
-    ),  # k = 0: degenerate
+        grid=lambda num_labels, num_exits: [float(k) for k in range(1, max(num_exits - 1, 2))],
+    ),  # k = 0 always exits, k >= n - 1 never does (exit_setting.never_exits_problem)
     Rule(
         "pcee",
         lambda s, k, **_: PCEERule(s.threshold, patience=s.patience),

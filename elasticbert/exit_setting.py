@@ -17,9 +17,17 @@ Besides its range, each rule has thresholds at which its decision no longer depe
 leaves at the first exit it can by construction, whatever the text (`degenerate_problem`). For K labels: an entropy
 is at most ln K, so τ >= ln K always fires; the top probability is at least 1/K, so τ <= 1/K always fires; the
 normalised entropy is at most 1, so PCEE's τ >= 1 always counts (every sample leaves at its `patience`-th exit);
-PABEE's patience k counts agreements between consecutive exits and k = 0 needs none. Such a setting measures the
-first exit under another name: it is refused wherever a setting is checked, and a sweep drops such points, saying
-so. Values within the 4-decimal rounding of the bound (`ROUNDING`: ln 2 written 0.6931) count as the bound.
+PABEE's patience k counts agreements between consecutive exits and k = 0 needs none. The other way, some thresholds
+never let a sample out before the last exit (`never_exits_problem`): an entropy (or PCEE's normalised one) is never
+below τ = 0; the top probability reaches τ = 1 only by float rounding; with n exits PABEE counts at most n - 2
+agreements before the last one (k >= n - 1 never fires) and PCEE at most n - 1 confident exits (a patience >= n
+never fires). Either kind measures a fixed exit under the name of a rule: it is refused wherever a setting is
+checked (naming the rule and why), and a sweep drops such points, saying so. Values within the 4-decimal rounding of
+a bound (`ROUNDING`: ln 2 written 0.6931) count as the bound.
+
+A setting chosen from a sweep records the task it was measured on (`task`); a model fine-tuned on another task
+refuses it (`task_problem`), wherever the two meet: a config.json's `early_exit` as it loads (so every forward and
+`pipeline(...)`), `save_early_exit`, `predict` and `EarlyExitClassifier`.
 """
 
 from __future__ import annotations
@@ -87,12 +95,26 @@ def default_sweep(strategy: str, num_labels: int, num_exits: int) -> list[float]
 ROUNDING = 5e-5  # a bound written to 4 decimals (ln 2 = 0.6931, 1/3 = 0.3333) is the bound
 
 
-def degenerate_problem(strategy: str, threshold: float, num_labels: int | None = None) -> str | None:
-    """Why `threshold` makes `strategy` send every sample out at the same exit whatever its input (see the module
-    docstring), or None. The bounds that depend on the number of labels K are checked when `num_labels` is given."""
+def degenerate_problem(
+    strategy: str,
+    threshold: float,
+    num_labels: int | None = None,
+    num_exits: int | None = None,
+    patience: int | None = None,
+) -> str | None:
+    """Why `threshold` makes `strategy` decide without the input (see the module docstring): every sample out at the
+    same exit (`always_exits_problem`) or none before the last one (`never_exits_problem`), or None. The bounds that
+    depend on the number of labels K or of exits n are checked when `num_labels` / `num_exits` are given; PCEE's
+    `patience` with n."""
     value = float(threshold)
     if math.isnan(value):
         return None  # the range check names it
+    why = always_exits_problem(strategy, value, num_labels) or never_exits_problem(strategy, value, num_exits, patience)
+    return f"{strategy} threshold {value:g}: {why}" if why else None
+
+
+def always_exits_problem(strategy: str, value: float, num_labels: int | None) -> str | None:
+    """Why every sample leaves at the first exit it can at threshold `value`, whatever its input, or None."""
     k = num_labels if num_labels and num_labels > 1 else None
     why = None
     if strategy == "patience" and value < 1:
@@ -108,10 +130,39 @@ def degenerate_problem(strategy: str, threshold: float, num_labels: int | None =
     elif strategy == "maxprob" and k and value <= 1 / k + ROUNDING:
         why = f"the top probability over {k} labels is at least 1/{k} = {1 / k:.6f}, so at τ <= 1/{k} (to 4 "
         why += "decimals) every sample leaves at the first exit: use a higher τ (the default sweep's lowest is 0.7)"
-    return f"{strategy} threshold {value:g}: {why}" if why else None
+    return why
 
 
-SETTING_KEYS = ("strategy", "threshold", "patience", "delta", "precision")  # what a config.json's early_exit holds
+NEVER = "no sample leaves before the last exit (the full model's answers, at the cost of every exit head): "
+
+
+def never_exits_problem(
+    strategy: str, value: float, num_exits: int | None = None, patience: int | None = None
+) -> str | None:
+    """Why no sample can leave before the last exit at threshold `value`, whatever its input, or None. The engine
+    asks the rule at every exit but the last (which takes the samples still running): with n exits, at n - 1 places.
+    PABEE's agreement count at the p-th of them is at most p - 1 (the first has nothing to agree with), so k >= n - 1
+    never fires; PCEE's count of confident exits is at most p, so a patience >= n never fires."""
+    n = num_exits if num_exits and num_exits > 0 else None
+    why = None
+    if strategy == "entropy" and value <= 0:
+        why = "an entropy is never below 0, so at τ = 0 " + NEVER + "use τ > 0, or static for the full model"
+    elif strategy == "pcee" and value <= 0:
+        why = "the normalised entropy is never below 0, so at τ = 0 " + NEVER + "use τ > 0, or static"
+    elif strategy == "maxprob" and value >= 1 - ROUNDING:
+        why = "the top probability reaches 1 only where float rounding hides every other label, so at τ = 1 (to 4 "
+        why += "decimals) " + NEVER + "use τ < 1, or static for the full model"
+    elif strategy == "patience" and n and value >= n - 1:
+        why = f"PABEE counts agreements between consecutive exits: with {n} exits it can count at most {n - 2} "
+        fix = f"use k <= {n - 2}, or static" if n > 2 else "no k lets a sample out early: use another rule, or static"
+        why += f"before the last one, so at k >= {n - 1} " + NEVER + fix
+    elif strategy == "pcee" and n and patience is not None and patience >= n:
+        why = f"PCEE's patience {patience} counts confident exits: with {n} exits at most {n - 1} come before the "
+        why += "last one, so " + NEVER + f"use --patience <= {max(n - 1, 1)}, or static"
+    return why
+
+
+SETTING_KEYS = ("strategy", "threshold", "patience", "delta", "precision", "task")  # a config.json's early_exit
 Precision = Literal["fp32", "int8"]  # elasticbert.precision: what a threshold was calibrated at
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 
@@ -122,7 +173,9 @@ class EarlyExitSetting:
     "threshold": 0.3}`, what an operating point measured and what a classifier runs. `patience` is PCEE's count of
     consecutive confident exits, `delta` PABEE's regression tolerance; each is written only for the rule that reads
     it. `precision` is the inference precision the threshold was chosen at (`elasticbert.precision`), written when it
-    is not fp32. `lte_head` is the file of a learned exit head (the side model of ``lte``; never in a config)."""
+    is not fp32. `task` is the task the threshold was measured on (an operating point's; None: given by hand), which
+    must be the model's own (`task_problem`). `lte_head` is the file of a learned exit head (the side model of
+    ``lte``; never in a config)."""
 
     strategy: str
     threshold: float | None = None
@@ -130,14 +183,20 @@ class EarlyExitSetting:
     delta: float = 0.1
     precision: str = "fp32"
     lte_head: str | None = None
+    task: str | None = None
 
-    def problems(self, num_labels: int | None = None, in_config: bool = False) -> list[str]:
-        """Everything wrong with the setting (for a model with `num_labels` outputs, when given; `in_config`: as a
-        config.json's `early_exit`, which carries no side model)."""
+    def problems(
+        self, num_labels: int | None = None, in_config: bool = False, num_exits: int | None = None
+    ) -> list[str]:
+        """Everything wrong with the setting (for a model with `num_labels` outputs and `num_exits` exits, when
+        given; `in_config`: as a config.json's `early_exit`, which carries no side model)."""
         problems = self.rule_problems(num_labels, rule_names(configurable=True) if in_config else None)
         if problems:
             return problems
-        return self._threshold_problems(RULES[self.strategy], num_labels) + self.parameter_problems()
+        problems = self._threshold_problems(RULES[self.strategy], num_labels, num_exits) + self.parameter_problems()
+        if self.task is not None and (isinstance(self.task, bool) or not isinstance(self.task, str) or not self.task):
+            problems.append(f"task must be a task name, got {self.task!r}")
+        return problems
 
     def rule_problems(self, num_labels: int | None = None, among: tuple[str, ...] | None = None) -> list[str]:
         """An unknown rule (not in the table, or not `among` these), or one that needs class probabilities on a
@@ -154,7 +213,7 @@ class EarlyExitSetting:
             return [f"strategy {self.strategy!r} needs class probabilities; for regression use {others}"]
         return []
 
-    def _threshold_problems(self, rule: Rule, num_labels: int | None) -> list[str]:
+    def _threshold_problems(self, rule: Rule, num_labels: int | None, num_exits: int | None = None) -> list[str]:
         if rule.range is None:
             return [] if self.threshold is None else [f"strategy {self.strategy!r} ({rule.what}) takes no threshold"]
         if self.threshold is None:
@@ -162,7 +221,8 @@ class EarlyExitSetting:
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, int | float):
             return [f"threshold must be a number, got {self.threshold!r}"]
         problem = threshold_problem(self.strategy, self.threshold)
-        problem = problem or degenerate_problem(self.strategy, self.threshold, num_labels)
+        patience = self.patience if isinstance(self.patience, int) and not isinstance(self.patience, bool) else None
+        problem = problem or degenerate_problem(self.strategy, self.threshold, num_labels, num_exits, patience)
         return [problem] if problem else []
 
     def parameter_problems(self) -> list[str]:
@@ -181,10 +241,17 @@ class EarlyExitSetting:
         return problems
 
     def validated(
-        self, num_labels: int | None = None, source: str | None = None, in_config: bool = False
+        self,
+        num_labels: int | None = None,
+        source: str | None = None,
+        in_config: bool = False,
+        num_exits: int | None = None,
+        model_task: str | None = None,
     ) -> EarlyExitSetting:
-        """The setting itself, or a ConfigError listing its problems (`source` names where it came from)."""
-        problems = self.problems(num_labels, in_config)
+        """The setting itself, or a ConfigError listing its problems (`source` names where it came from), for a model
+        with `num_labels` outputs and `num_exits` exits fine-tuned on `model_task` (each when known)."""
+        problems = self.problems(num_labels, in_config, num_exits)
+        problems += [problem] if (problem := task_problem(self.task, model_task)) else []
         if problems:
             raise ConfigError(problems, source)
         return self
@@ -206,12 +273,22 @@ class EarlyExitSetting:
             out["delta"] = float(self.delta)
         if self.precision != "fp32":
             out["precision"] = self.precision
+        if self.task is not None:
+            out["task"] = self.task
         return out
 
     @classmethod
-    def from_dict(cls, value: object, num_labels: int | None = None, source: str = "early_exit") -> EarlyExitSetting:
-        """A setting from `config.early_exit` (a mapping of `SETTING_KEYS`); a ConfigError names `source` and the
-        key at fault."""
+    def from_dict(
+        cls,
+        value: object,
+        num_labels: int | None = None,
+        source: str = "early_exit",
+        num_exits: int | None = None,
+        model_task: str | None = None,
+    ) -> EarlyExitSetting:
+        """A setting from `config.early_exit` (a mapping of `SETTING_KEYS`) of a model with `num_labels` outputs,
+        `num_exits` exits, fine-tuned on `model_task` (each when known); a ConfigError names `source` and the key at
+        fault."""
         if not isinstance(value, Mapping):
             raise ConfigError(
                 f'{source} must be an object such as {{"strategy": "entropy", "threshold": 0.3}}, '
@@ -223,7 +300,26 @@ class EarlyExitSetting:
         if "strategy" not in value:
             raise ConfigError(f"{source}: no 'strategy' (one of {', '.join(rule_names(configurable=True))})")
         setting = cls(**value)
-        problems = setting.problems(num_labels, in_config=True)
+        problems = setting.problems(num_labels, in_config=True, num_exits=num_exits)
+        problems += [problem] if (problem := task_problem(setting.task, model_task)) else []
         if problems:
             raise ConfigError(f"{source}: " + "; ".join(problems))
         return setting
+
+
+def task_problem(measured: str | None, model_task: str | None) -> str | None:
+    """Why a threshold measured on task `measured` does not belong to a model fine-tuned on `model_task`, or None
+    (also when either is unknown: a setting given by hand, a model that records no task). Its scores and its
+    confidences were measured on another task's data and another head."""
+    if not measured or not model_task or _task_key(measured) == _task_key(model_task):
+        return None
+    return (
+        f"the threshold was measured on {measured}, but the model was fine-tuned on {model_task}: its exit rule "
+        "would run another task's operating point; sweep this model (finetune early-exit) and save its own"
+    )
+
+
+def _task_key(name: str) -> str:
+    """A task's name as compared (GLUE names are case-insensitive; MNLI's matched and mismatched sets are one task)."""
+    key = str(name).strip().lower()
+    return "mnli" if key in ("mnli-m", "mnli-mm", "mnli_matched", "mnli_mismatched") else key

@@ -191,7 +191,9 @@ class ElasticBertForSequenceClassification(ElasticBertPreTrainedModel):
             return None if blockers or exit_layers is not None else EarlyExitSetting.from_dict(configured)
         if blockers:
             raise ValueError(f"{type(self).__name__}: early_exit=True, but " + "; ".join(blockers))
-        return EarlyExitSetting.from_dict(configured, self.config.num_labels, "config.early_exit")
+        task = getattr(self.config, "finetuning_task", None)
+        exits = len(self.config.exit_layers)
+        return EarlyExitSetting.from_dict(configured, self.config.num_labels, "config.early_exit", exits, task)
 
     def _note_precision(self, setting: EarlyExitSetting) -> None:
         """Say once when the saved threshold was chosen at another precision than this model runs at (e.g. an int8
@@ -253,7 +255,7 @@ class ElasticBertForSequenceClassification(ElasticBertPreTrainedModel):
                 input_ids,
                 attention_mask,
                 token_type_ids,
-                rule_for(setting, self.config.num_labels),
+                rule_for(setting, self.config.num_labels, len(self.config.exit_layers)),
                 exit_layers,
                 position_ids,
             )

@@ -3,6 +3,7 @@ line is `diagnostics_cli.py`; the figures are in `plots.py`)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from common.hub import resolve_pretrained
 from .data import EncodedSplit, forward_in_order, load_tokenizer, subsample
 from .evaluation import task_for
 from .model import check_max_length, label_embeddings, load_finetuned, model_device, resolve_device
+from .task_check import check_task_fits
 from .tasks import DataError, load_split
 
 
@@ -36,6 +38,8 @@ def exit_embeddings(
     model_dir = resolve_pretrained(model_dir, what="--model")
     model = load_finetuned(model_dir, purpose="plotting them").eval().to(place)
     task = task_for(model, task_name)
+    if note := check_task_fits(model.config, task, model_dir):  # another task's rows through this head: refused
+        print(f"finetune: note: {note}", file=sys.stderr, flush=True)
     if task.is_regression:
         raise DataError(f"task {task.name} is regression: it has no label embeddings to plot")
     layer = layer or model.exit_layers[-1]

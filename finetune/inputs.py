@@ -8,10 +8,11 @@
   on, so GLUE/ELUE files read as they are), then tab-separated rows (no quoting, as GLUE's files).
 
 `--format auto` takes the format from the file's suffix (.txt/.text, .jsonl/.ndjson, .tsv); stdin is txt unless told.
-A malformed line is a `DataError` naming `FILE:LINE`; an empty text is refused (a blank line is not a text), except
-blank lines at the very end. `arriving_batches` reads a stream line by line and hands out small batches as lines
-arrive (a batch closes as soon as no further line is waiting), so an interactive user gets each answer at once and a
-fast pipe fills whole batches.
+A malformed line is a `DataError` naming `FILE:LINE`; in a file an empty text is refused (a blank line is not a
+text), except blank lines at the very end. In a stream (stdin) every line is an input and gets its answer, a blank
+one too (the `empty` verdict, `verdicts.py`): a live stream goes on past it, and answers stay one per line.
+`arriving_batches` reads a stream line by line and hands out small batches as lines arrive (a batch closes as soon
+as no further line is waiting), so an interactive user gets each answer at once and a fast pipe fills whole batches.
 """
 
 from __future__ import annotations
@@ -109,12 +110,15 @@ def text_columns(header: list[str], where: str, task_columns: Sequence[Sequence[
 class LineParser:
     """Turns the lines of one input (a file or stdin), one at a time, into `TextInput`s in one format.
 
-    A blank line is refused when a text follows it (`finish` forgives blank lines at the very end)."""
+    In a file a blank line is refused when a text follows it (`finish` forgives blank lines at the very end); in a
+    `stream` it is an empty input (answered with its verdict, not the end of the stream)."""
 
-    def __init__(self, fmt: str, name: str, task_columns: Sequence[Sequence[str]] | None = None) -> None:
+    def __init__(
+        self, fmt: str, name: str, task_columns: Sequence[Sequence[str]] | None = None, stream: bool = False
+    ) -> None:
         if fmt not in ("txt", "jsonl", "tsv"):
             raise DataError(f"--format {fmt!r}: expected txt, jsonl or tsv")
-        self.fmt, self.name, self.task_columns = fmt, name, task_columns
+        self.fmt, self.name, self.task_columns, self.stream = fmt, name, task_columns, stream
         self.columns: tuple[int, ...] | None = None
         self.width = 0
         self.blank: int | None = None  # the first blank line since the last text
@@ -130,6 +134,9 @@ class LineParser:
         if not line.strip():
             if self.fmt == "tsv" and self.columns is None:
                 raise DataError(f"{where}: a TSV input starts with a header row naming its text columns")
+            if self.stream:  # an input with nothing in it: its verdict says so, and the stream goes on
+                self.count += 1
+                return TextInput(line, None, where)
             self.blank = self.blank or number
             return None
         if self.blank is not None:

@@ -64,8 +64,8 @@ from .early_exit.operating_point import OperatingPoint, chosen_setting, run_prec
 from .inputs import TextInput
 from .model import check_max_length, load_finetuned, model_device, resolve_device
 from .onnx_runtime import RUNTIMES, OnnxLayers, read_manifest
-from .task_check import check_task_fits, model_task
-from .tasks import DataError, Example, TaskSpec, get_task
+from .task_check import check_measured_task, check_task_fits, model_task
+from .tasks import DataError, Example, TaskSpec
 from .verdicts import DEFAULT_MIN_READABLE_SHARE, Verdict, VocabularyJudge, character_verdict
 
 Input = str | tuple[str, str] | list[str] | TextInput
@@ -104,10 +104,21 @@ class EarlyExitClassifier:
         self.precision = precision
         self.max_unk_fraction, self.unk_seen = max_unk_fraction, [0, 0]  # [UNK] and text tokens of all inputs
         self.is_text, self.flops_memo = text_id_table(tokenizer), {}  # see per_sample_flops(memo=)
+        exits = len(model.exit_layers)
         if not isinstance(setting, ExitRule):
-            setting = rule_for(setting or EarlyExitSetting("static"), model.config.num_labels, lte_head=lte_head)
+            setting = rule_for(setting or EarlyExitSetting("static"), model.config.num_labels, exits, lte_head=lte_head)
+        elif setting.setting is not None:  # a rule made elsewhere: its setting checked against this model
+            setting.setting.validated(model.config.num_labels, num_exits=exits)
         self.rule, self.setting = setting, setting.setting
-        self.max_length, self.batch_size, self.task = max_length, batch_size, task
+        where = getattr(model, "name_or_path", None) or "the model"
+        if self.setting is not None and self.setting.task:  # another task's operating point is refused
+            if note := check_measured_task(model.config, self.setting.task, where, "the setting")[1]:
+                print(f"finetune: note: {note}", file=sys.stderr, flush=True)
+        if task is not None:  # a task asked for: the model's own, or one its head fits when it records none
+            if note := check_task_fits(model.config, task, where, option="task"):
+                print(f"finetune: note: {note}", file=sys.stderr, flush=True)
+        self.max_length, self.batch_size = max_length, batch_size
+        self.task = task if task is not None else _own_task(model)
         self.description = self.setting.describe()
         check_max_length(model, max_length, getattr(model, "name_or_path", "model"))
 
@@ -144,32 +155,39 @@ class EarlyExitClassifier:
         if runtime == "onnxruntime":
             read_manifest(directory)  # verified before anything is read from it
         config = read_config(directory)
+        num_exits = len(config.get("exit_layers") or []) or None
         head_file = str(lte_head) if isinstance(lte_head, str | Path) else None
         overrides = {"patience": patience, "delta": delta}
         setting, point = chosen_setting(operating_point, strategy, threshold, lte_head=head_file, **overrides)
         saved = setting is None
         if saved:
             where = f"{directory / 'config.json'}: early_exit"
-            setting = EarlyExitSetting.from_dict(config.get("early_exit") or {"strategy": "static"}, source=where)
+            saved_setting = config.get("early_exit") or {"strategy": "static"}
+            own = config.get("finetuning_task")
+            setting = EarlyExitSetting.from_dict(saved_setting, source=where, num_exits=num_exits, model_task=own)
             setting = replace(setting, **{k: v for k, v in overrides.items() if v is not None})
         run_at = run_precision(precision, setting.precision if point or saved else None, setting.strategy)
         if runtime == "torch" and (problem := precision_problem(run_at, place)):
             raise ConfigError(problem)
         head = None if head_file else lte_head
-        rule = rule_for(setting, len(config.get("id2label") or {}) or config.get("num_labels", 2), lte_head=head)
+        labels = len(config.get("id2label") or {}) or config.get("num_labels", 2)
+        rule = rule_for(setting, labels, num_exits, lte_head=head)  # (its task: compared in _task_of)
         if runtime == "onnxruntime":
             model = OnnxLayers(directory, run_at, threads)
             length = max_length or (point.max_length if point else None) or model.max_length
         else:
             model = _load(directory, full_model_only=not rule.can_fire).to(place)
             length = max_length or (point.max_length if point else None) or trained_max_length(directory)
+        task = _task_of(model, point, directory)
+        if point is not None and point.task:  # compared once (above); the classifier keeps the model's own name
+            rule.setting = replace(rule.setting, task=None)
         classifier = cls(
             model,
             load_tokenizer(directory),
             rule,
             max_length=length,
             batch_size=batch_size,
-            task=_task_of(model, point, directory),
+            task=task,
             max_unk_fraction=max_unk_fraction,
             precision=run_at,
             min_readable_share=min_readable_share,
@@ -270,10 +288,15 @@ class EarlyExitClassifier:
         """A pair for a single-text task (or the reverse) is a mistake the model cannot notice: refused."""
         if self.task is None:
             return
-        wrong = next((item for item in inputs if (item.text_b is not None) != self.task.is_pair), None)
+        wrong = next((i for i in inputs if (i.text_b is not None) != self.task.is_pair and not _blank(i)), None)
         if wrong is not None:
             given, wanted = ("a text pair", "single texts") if wrong.text_b is not None else ("a single text", "pairs")
             raise DataError(f"{wrong.where}: {given}, but the model was fine-tuned on {self.task.name} ({wanted})")
+
+
+def _blank(item: TextInput) -> bool:
+    """An input with no text at all (a blank line of a stream): its verdict (`empty`) answers it, whatever kind."""
+    return not item.text_a.strip() and not (item.text_b or "").strip()
 
 
 def _cpu_only(device: str) -> torch.device:
@@ -300,8 +323,6 @@ def _as_input(text: Input, i: int) -> TextInput:
         parts = list(text)
     else:
         raise DataError(f"{where}: expected a text or a pair of texts, got {type(text).__name__} {text!r:.60}")
-    if not all(part.strip() for part in parts):
-        raise DataError(f"{where}: an empty text")
     return TextInput(parts[0], parts[1] if len(parts) == 2 else None, where)
 
 
@@ -313,28 +334,27 @@ def _load(directory: Path, full_model_only: bool) -> ElasticBertForSequenceClass
     return load_finetuned(directory, require_trained=[last] if last else True, purpose="the full model")
 
 
+def _own_task(model: ElasticBertForSequenceClassification) -> TaskSpec | None:
+    """The task the model was fine-tuned on, when it names one this project knows and its head fits it."""
+    task = model_task(model.config)
+    return task if task is not None and task.num_labels == model.config.num_labels else None
+
+
 def _task_of(
     model: ElasticBertForSequenceClassification, point: OperatingPoint | None, directory: Path
 ) -> TaskSpec | None:
-    """The task the model was fine-tuned on, when it names one this project knows and its head fits it (None
-    otherwise). An operating point measured on another task is refused: its threshold was chosen on other data."""
-    task = model_task(model.config)
+    """The model's own task (`_own_task`). An operating point measured on another task is refused: its threshold
+    was chosen on other data, with another head (`task_check.check_measured_task`)."""
     if point is not None and point.task:
-        measured = get_task(point.task)
-        if task is not None and measured.name != task.name:
-            raise ConfigError(
-                f"the operating point was measured on {point.task}; {directory} was fine-tuned on {task.name}"
-            )
-        check_task_fits(model.config, measured, directory, option="the operating point's task")
+        if note := check_measured_task(model.config, point.task, directory)[1]:
+            print(f"finetune: note: {note}", file=sys.stderr, flush=True)
     if point is not None and point.model and Path(point.model).resolve() != Path(directory).resolve():
         print(
             f"finetune: note: the operating point was measured on {point.model}, predictions use {directory}",
             file=sys.stderr,
             flush=True,
         )
-    if task is not None and task.num_labels != model.config.num_labels:
-        return None
-    return task
+    return _own_task(model)
 
 
 def trained_max_length(directory: Path) -> int:

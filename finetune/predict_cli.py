@@ -35,7 +35,7 @@ from common.errors import ConfigError
 from common.io import atomic_path, make_dirs, removed_on_failure, write_all
 from common.outputs import Output, check_output, first_json_line_has
 from common.vocab import DEFAULT_MAX_UNK_FRACTION
-from elasticbert import save_early_exit
+from elasticbert import ElasticBertConfig, save_early_exit
 from elasticbert.flops import sample_flops
 from elasticbert.precision import Precision
 
@@ -45,6 +45,7 @@ from .inputs import STDIN, InputFormat, LineParser, TextInput, arriving_batches,
 from .model import resolve_device
 from .onnx_runtime import RUNTIMES
 from .predict import EarlyExitClassifier
+from .task_check import check_measured_task
 from .tasks import DataError
 from .verdicts import DEFAULT_MIN_READABLE_SHARE
 
@@ -274,7 +275,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         with output_stream(args.output) as out:
             if inputs is None:
-                parser = LineParser(fmt, STDIN, columns)
+                parser = LineParser(fmt, STDIN, columns, stream=True)
                 for batch in arriving_batches(sys.stdin.buffer, parser, args.batch_size):
                     tally.add(_write(out, batch, classifier), batch)
             else:
@@ -350,6 +351,11 @@ def save_main(args: argparse.Namespace) -> int:
         raise ConfigError("pass --strategy (with --threshold), --operating-point RESULT.json[:RULE], or --clear")
     if point is not None:
         print(f"operating point: {point.describe()}", file=sys.stderr)
+    if point is not None and point.task:  # another task's threshold never goes into this model's config
+        recorded, note = check_measured_task(ElasticBertConfig.from_pretrained(args.model), point.task, args.model)
+        if note:
+            print(f"finetune: note: {note}", file=sys.stderr, flush=True)
+        setting = replace(setting, task=recorded)
     precision = run_precision(args.precision, point and setting.precision, setting.strategy)
     setting = save_early_exit(args.model, replace(setting, precision=precision))
     print(f"{Path(args.model) / 'config.json'}: early_exit = {json.dumps(setting)}")

@@ -211,6 +211,7 @@ class TestRun:
             self.model.config.num_labels,
             patience=int(point.get("patience", params.get("patience", 2))),
             delta=float(point.get("delta", params.get("delta", 0.1))),
+            num_exits=len(self.model.exit_layers),
             lte_head=head,
         )
         result, _ = run_dataset(self.model, self.batches, rule)
@@ -280,7 +281,9 @@ def write_submissions_for_results(
                 continue
             head = lte_head if name != "lte" or lte_head is not None else _lte_head_of(results)
             for point in entry["points"]:
-                if problem := degenerate_problem(name, point["threshold"], run.model.config.num_labels):
+                patience = int(point.get("patience", entry.get("params", {}).get("patience", 2)))
+                exits, labels = len(run.model.exit_layers), run.model.config.num_labels
+                if problem := degenerate_problem(name, point["threshold"], labels, exits, patience):
                     skipped.append(problem)  # an earlier version's sweep measured it: not a rule's point
                     continue
                 out = Path(directory) / f"{name}_{point['threshold']:g}"

@@ -1,14 +1,15 @@
-"""Whether a task fits a fine-tuned model's head: the one check `evaluate`, `early-exit`, `submission` and `predict`
-share before they score or classify anything.
+"""Whether a task fits a fine-tuned model: the one check `evaluate`, `early-exit`, `submission`, `plot-embeddings`,
+`predict`, `save-early-exit` and `EarlyExitClassifier` share before they score, tune or classify anything.
 
 A head answers in its own labels. Scored against another task's labels it yields numbers that look like a result
-and mean nothing (an SST-2 model "scoring" 49 % on RTE), so a task is refused when
-- its number of labels differs from the head's (regression counts as one), or
-- the model names its labels (`id2label`, as `finetune train` writes them) and the task's are others, or
-- the model was fine-tuned on another task of this project that reads the other kind of input (single texts vs
-  pairs): the head never saw the second segment, or always did.
-A different task with the same labels and input kind (SST-2 -> elue/IMDb, MNLI -> elue/SNLI) is a transfer someone
-may mean: it runs, with a note that says so.
+and mean nothing (an SST-2 model "scoring" 0.00 on CoLA, whose labels are also 0/1 single sentences), and a threshold
+tuned on another task's sweep runs another model's operating point. So a task is refused when
+- the model records the task it was fine-tuned on (`finetuning_task`, as `finetune train` writes it) and it is
+  another (MNLI's matched and mismatched sets are one task): a model is scored and tuned only on its own task;
+- its number of labels differs from the head's (regression counts as one), or the model names its labels
+  (`id2label`) and the task's are others.
+A model that records no task (a released checkpoint, another tool's) is scored on the task asked for when its head
+fits it, with a note that says so.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _labels(task: TaskSpec) -> str:
 
 def check_task_fits(config: object, task: TaskSpec, model: str | Path, option: str = "--task") -> str | None:
     """Refuse `task` for the model of `config` (at `model`) as the module docstring says; return a note to print
-    when it is another task of the same shape, else None."""
+    when the model records no task of this project (scored as asked), else None."""
     own = model_task(config)
     trained = f", fine-tuned on {own.name}" if own is not None else ""
     count = int(getattr(config, "num_labels", 0) or 0)
@@ -54,12 +55,25 @@ def check_task_fits(config: object, task: TaskSpec, model: str | Path, option: s
             f"{option} {task.name} needs {_labels(task)}, but {model} has {head}{trained}: its scores would compare "
             f"{task.name}'s labels with another task's predictions; {fix}"
         )
-    if own is None or own.name == task.name or own.directory == task.directory:
+    if own is None:
+        recorded = getattr(config, "finetuning_task", None)
+        said = f"records the task {recorded!r}, which this project does not know" if recorded else "records no task"
+        return f"{model} {said} (a released checkpoint?): using it for {task.name} as asked, its head fits the labels"
+    if own.name == task.name or own.directory == task.directory:
         return None
-    if own.is_pair != task.is_pair:
-        kinds = ("text pairs", "single texts") if own.is_pair else ("single texts", "text pairs")
-        raise DataError(
-            f"{option} {task.name} reads {kinds[1]}, but {model} was fine-tuned on {own.name} ({kinds[0]}): its head "
-            f"never learned that input; {fix}"
-        )
-    return f"{model} was fine-tuned on {own.name}; scoring it on {task.name}, whose labels have the same names"
+    raise DataError(
+        f"{option} {task.name}: {model} was fine-tuned on {own.name}; a model is scored and tuned only on its own "
+        f"task (its head answers {own.name}'s question, whatever {task.name}'s rows ask, even with the same labels): "
+        f"{fix}"
+    )
+
+
+def check_measured_task(
+    config: object, measured: str, model: str | Path, what: str = "the operating point"
+) -> tuple[str, str | None]:
+    """Refuse a threshold or result measured on task `measured` for the model of `config` (at `model`) unless it is
+    the model's own task (`check_task_fits`, `what` named in the message). Returns the task name to record with the
+    threshold (the model's own when it records one, else `measured`) and the note to print, if any."""
+    note = check_task_fits(config, get_task(measured), model, option=f"{what}'s task")
+    own = model_task(config)
+    return (own.name if own is not None else get_task(measured).name), note

@@ -8,12 +8,13 @@ one that is not meaningful to the model is not classified: its record carries `f
 
 - ``empty``: nothing the tokenizer keeps (only white space, invisible or control characters): the model would see
   [CLS] [SEP] alone;
-- ``no-words``: punctuation and white space only (no letter, digit or symbol);
+- ``no-words``: no letter or digit of any script (Unicode categories L* and N*): punctuation, symbols (`$`, `+`,
+  `^`, emoji) and white space only, e.g. `!@#$%^&*()_+{}|:<>?`: there is nothing to classify;
 - ``unknown-text``: no more than `min_readable_share` (default 0.5: half) of its characters are readable to the
   model's vocabulary; the others became [UNK], or the vocabulary knows their words only letter by letter (Cyrillic,
   kana or Hangul in an English WordPiece vocabulary: every word spelled as single-character pieces). Characters
-  are letters, digits and symbols (emoji included); punctuation and marks do not count. 0 classifies every input
-  with one readable character.
+  are letters, digits and symbols (emoji included: a text of words and emoji is judged on both); punctuation and
+  marks do not count. 0 classifies every input with one readable character.
 
 A pair is judged text by text (the reason says which). The checks that need the vocabulary run only on rows whose
 ids hold an [UNK] or a run of single-character pieces (a tensor test over the batch), so inputs the vocabulary
@@ -44,26 +45,30 @@ class Verdict:
 
 
 def _kind(char: str) -> str:
-    """'word' (a letter, digit or symbol), 'punct', or '' (white space, marks, control and format characters)."""
+    """'word' (a letter or digit of any script), 'symbol', 'punct', or '' (white space, marks, control and format
+    characters)."""
     major = unicodedata.category(char)[0]
-    return "word" if major in "LNS" else "punct" if major == "P" else ""
+    return "word" if major in "LN" else "symbol" if major == "S" else "punct" if major == "P" else ""
 
 
 def character_verdict(text: str, which: str = "") -> Verdict | None:
     """`empty` or `no-words` from the characters alone (no tokenizer needed), else None."""
-    punctuation = False
-    for char in text:  # the first letter, digit or symbol settles it (most texts: their first character)
+    visible = False
+    for char in text:  # the first letter or digit settles it (most texts: their first character)
         kind = _kind(char)
         if kind == "word":
             return None
-        punctuation = punctuation or kind == "punct"
-    if punctuation:
-        return Verdict("no-words", f"{which}only punctuation: no letter, digit or symbol to classify")
+        visible = visible or kind in ("symbol", "punct")
+    if visible:
+        return Verdict(
+            "no-words", f"{which}no letter or digit of any script (punctuation and symbols only): nothing to classify"
+        )
     return Verdict("empty", f"{which}no visible text (white space, invisible or control characters only)")
 
 
 def _word_characters(text: str) -> int:
-    return sum(_kind(char) == "word" for char in text)
+    """Letters, digits and symbols: the characters whose share a vocabulary is judged on."""
+    return sum(_kind(char) in ("word", "symbol") for char in text)
 
 
 class VocabularyJudge:

@@ -207,10 +207,10 @@ def choose_operating_point(spec: str, strategy: str | None = None) -> OperatingP
         )
     full = result["full_model"]
     candidates = _candidates(result, str(path), strategy)
-    labels = _num_labels(result)
-    for point in candidates:  # an earlier version's sweeps measured them (patience 0): see `degenerate_problem`
+    labels, exits = _num_labels(result), len(result.get("exit_layers") or []) or None
+    for point in candidates:  # earlier versions' sweeps measured them (patience 0, k >= n - 1): `degenerate_problem`
         point["degenerate"] = point["strategy"] != "static" and bool(
-            degenerate_problem(point["strategy"], point["threshold"], labels)
+            degenerate_problem(point["strategy"], point["threshold"], labels, exits, point.get("patience"))
         )
     if not candidates:
         raise DataError(f"{path}: the result holds no operating points")
@@ -225,6 +225,7 @@ def choose_operating_point(spec: str, strategy: str | None = None) -> OperatingP
         point.get("delta", 0.1),
         _precision(result, str(path)),
         result.get("lte_head") if name == "lte" else None,
+        result.get("task"),
     )
     return OperatingPoint(
         setting,

@@ -50,6 +50,7 @@ class SweepConfig:
     lte_head: LearnedExitHead | None = None
     samples_dir: Path | None = None  # per-sample TSVs of every operating point go here
     num_labels: int | None = None  # the task's, when known: given thresholds are judged for degeneracy up front
+    num_exits: int | None = None  # the model's, when known (set by `sweep`): the bounds that count exits
 
     def validate(self) -> SweepConfig:
         """Every problem with the strategies, thresholds and numeric options, at once (a grid none of whose points
@@ -63,21 +64,35 @@ class SweepConfig:
         problems += base.parameter_problems()
         for name, thresholds in self.thresholds.items():
             problems += [p for tau in thresholds if (p := threshold_problem(name, tau))]
-            if thresholds and not problems and not usable_thresholds(name, thresholds, self.num_labels)[0]:
-                problems.append(degenerate_problem(name, thresholds[0], self.num_labels))
+            if thresholds and not problems and not self.usable(name, thresholds)[0]:
+                problems.append(self.degenerate(name, thresholds[0]))
         if problems:
             raise ConfigError(problems)
         return self
 
+    def degenerate(self, name: str, tau: float) -> str | None:
+        """Why `name` at `tau` decides without the input for this sweep's labels, exits and PCEE patience."""
+        return degenerate_problem(name, tau, self.num_labels, self.num_exits, self.patience)
 
-def usable_thresholds(name: str, thresholds: Sequence[float], num_labels: int | None) -> tuple[list[float], str]:
+    def usable(self, name: str, thresholds: Sequence[float]) -> tuple[list[float], str]:
+        """`usable_thresholds` for this sweep."""
+        return usable_thresholds(name, thresholds, self.num_labels, self.num_exits, self.patience)
+
+
+def usable_thresholds(
+    name: str,
+    thresholds: Sequence[float],
+    num_labels: int | None,
+    num_exits: int | None = None,
+    patience: int | None = None,
+) -> tuple[list[float], str]:
     """The thresholds of a grid at which `name` depends on its input, and a line naming the others, which would
-    exit every sample at the same exit by construction (`elasticbert.exit_setting.degenerate_problem`), or ''. A grid
-    is a range chosen once for several models or label counts: its degenerate ends are dropped, not run under a name
-    that suggests a measurement of the rule."""
+    send every sample out at the same exit, or none before the last, by construction
+    (`elasticbert.exit_setting.degenerate_problem`), or ''. A grid is a range chosen once for several models or label
+    counts: its degenerate ends are dropped, not run under a name that suggests a measurement of the rule."""
     kept, dropped, why = [], [], ""
     for tau in thresholds:
-        problem = degenerate_problem(name, tau, num_labels)
+        problem = degenerate_problem(name, tau, num_labels, num_exits, patience)
         if problem is None:
             kept.append(tau)
         else:
@@ -231,19 +246,23 @@ def sweep(
     log: Callable[[str], None] = print,
 ) -> dict:
     """The static curve, the full-model reference and every strategy's operating points, as one JSON-able dict."""
+    config.num_exits = config.num_exits or len(model.exit_layers)
     config.validate()
     batches = split.batches(config.batch_size, device=model.device)
     run_full_model(model, batches)  # warm-up: the first pass over each batch shape is slower (allocation, kernels)
     reference = measure_reference(model, split, task, batches, config.repeats)
     static = static_curve(model, split, task, batches, reference, config.repeats)
     log(f"full model: score {reference.metrics.get('score')} mean FLOPs {reference.mean_flops:.4g}")
-    strategies = {
-        name: {
-            "params": {"patience": config.patience, "delta": config.delta},
-            "points": sweep_strategy(model, split, task, config, name, batches, reference, log),
-        }
-        for name in config.strategies
+    swept = {
+        name: sweep_strategy(model, split, task, config, name, batches, reference, log) for name in config.strategies
     }
+    strategies = {
+        name: {"params": {"patience": config.patience, "delta": config.delta}, "points": points}
+        for name, points in swept.items()
+        if points  # a strategy skipped (no usable threshold for this model) is not a strategy of the result
+    }
+    if not strategies:
+        raise ConfigError(f"no strategy of {', '.join(config.strategies)} has a usable threshold for this model")
     # The reference time is the fastest of: runs before the sweep, one after it, and static truncation at the last
     # exit (the same computation). On a shared machine this keeps load drift from inflating the speed-ups.
     reference.wall_time_s = min(reference.wall_time_s, static[-1]["wall_time_s"], run_full_model(model, batches)[1])
@@ -276,13 +295,17 @@ def thresholds_for(
 ) -> list[float]:
     """The thresholds swept for one strategy: given, else the LTE head's own quantiles, else `default_sweep`;
     those at which the rule does not depend on its input are dropped with one line (`usable_thresholds`)."""
-    thresholds = config.thresholds.get(name)
+    given = config.thresholds.get(name)
+    thresholds = given
     if not thresholds and name == "lte" and config.lte_head is not None:
         thresholds = config.lte_head.suggested_thresholds
-    kept, note = usable_thresholds(name, thresholds or default_sweep(name, num_labels, num_exits), num_labels)
-    if not kept:
+    grid = thresholds or default_sweep(name, num_labels, num_exits)
+    kept, note = usable_thresholds(name, grid, num_labels, num_exits, config.patience)
+    if not kept and given:
         raise ConfigError(note.replace("dropped", "no usable threshold:", 1))
-    if note:
+    if not kept:  # a default grid, none of whose points this model can use (PABEE or PCEE on two exits)
+        log(note.replace("dropped", "skipped: no usable threshold among", 1))
+    elif note:
         log(note)
     return kept
 
@@ -301,7 +324,9 @@ def sweep_strategy(
     num_labels = model.config.num_labels
     points = []
     for tau in thresholds_for(name, config, num_labels, len(model.exit_layers), log):
-        rule = make_rule(name, tau, num_labels, config.patience, config.delta, lte_head=config.lte_head)
+        rule = make_rule(
+            name, tau, num_labels, config.patience, config.delta, len(model.exit_layers), lte_head=config.lte_head
+        )
         point, result = evaluate_point(model, split, task, rule, batches, reference, config.repeats)
         points.append(point)
         if config.samples_dir is not None:
