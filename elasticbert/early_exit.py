@@ -56,6 +56,7 @@ class ExitRule:
     can_fire = True
     head_width = 0  # input width d of a learned exit head the rule calls at each exit (2·d FLOPs a call), 0: none
     setting: EarlyExitSetting | None = None  # the setting it was built from (`rule_for`)
+    checked_exits: int | None = None  # the number of exits `rule_for` checked the setting for (None: not known)
 
     def __init__(self, threshold: float) -> None:
         self.threshold = float(threshold)
@@ -199,7 +200,7 @@ def rule_for(
     threshold's way to the rule. `extras` go to the rule's factory (`lte_head=` for the learned exit head)."""
     setting.validated(num_labels, num_exits=num_exits, model_task=model_task)
     rule = RULES[setting.strategy].build(setting, num_labels, **extras)
-    rule.setting = setting
+    rule.setting, rule.checked_exits = setting, num_exits
     return rule
 
 

@@ -130,6 +130,9 @@ def always_exits_problem(strategy: str, value: float, num_labels: int | None) ->
     elif strategy == "maxprob" and k and value <= 1 / k + ROUNDING:
         why = f"the top probability over {k} labels is at least 1/{k} = {1 / k:.6f}, so at τ <= 1/{k} (to 4 "
         why += "decimals) every sample leaves at the first exit: use a higher τ (the default sweep's lowest is 0.7)"
+    elif strategy == "lte" and value >= 1 - ROUNDING:
+        why = "the learned exit head's predicted error is a sigmoid, below 1, so at τ >= 1 every sample leaves at "
+        why += "the first exit: use τ < 1"
     return why
 
 
@@ -149,6 +152,8 @@ def never_exits_problem(
         why = "an entropy is never below 0, so at τ = 0 " + NEVER + "use τ > 0, or static for the full model"
     elif strategy == "pcee" and value <= 0:
         why = "the normalised entropy is never below 0, so at τ = 0 " + NEVER + "use τ > 0, or static"
+    elif strategy == "lte" and value <= 0:
+        why = "the learned exit head's predicted error is a sigmoid, above 0, so at τ = 0 " + NEVER + "use τ > 0"
     elif strategy == "maxprob" and value >= 1 - ROUNDING:
         why = "the top probability reaches 1 only where float rounding hides every other label, so at τ = 1 (to 4 "
         why += "decimals) " + NEVER + "use τ < 1, or static for the full model"

@@ -6,7 +6,8 @@ verify too.
 A directory this project wrote carries checksums.json and says so in its config.json (`common.integrity.seal`): one
 whose files changed since (flipped bytes inside a tensor pass every format check; an edited config.json changes the
 model), or that lost its checksums.json (a partial copy), is refused by name. Directories that never were sealed (a hub
-BERT, the MiniLM package, another tool's export) load as they are. `--no-verify-checksums` (commands),
+BERT, the MiniLM package, another tool's export) load as they are, with one line saying so (once per directory and
+process: `note_unverified`). `--no-verify-checksums` (commands),
 `verify_checksums=False` (`from_pretrained`, `load_pretrained`) or `set_checksum_verification(False)` (a process) load a
 refused directory anyway.
 """
@@ -14,13 +15,14 @@ refused directory anyway.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
 
 from common.errors import UserError
-from common.integrity import IntegrityError, verify_directory
+from common.integrity import CHECKSUMS, IntegrityError, verify_directory
 
 OVERRIDE = "--no-verify-checksums (commands) or verify_checksums=False (from_pretrained, load_pretrained)"
 
@@ -33,6 +35,7 @@ class CheckpointError(UserError):
 _VERIFY_CHECKSUMS = {"enabled": True}
 _INSIDE_A_VERIFIED_LOAD: ContextVar[bool] = ContextVar("inside_a_verified_load", default=False)
 _VERIFIED: set[tuple] = set()  # directories hashed by this process, with the size and mtime of each file then
+_NOTED: set[str] = set()  # unsealed directories this process said it loads unverified
 
 
 def set_checksum_verification(enabled: bool) -> None:
@@ -60,6 +63,8 @@ def verify_model_directory(directory: str | os.PathLike, verify: bool | None = N
         problems = verify_directory(directory)
     except IntegrityError as err:
         problems = [str(err)]
+    if not problems and not (directory / CHECKSUMS).is_file():
+        note_unverified(directory)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise CheckpointError(
@@ -67,6 +72,21 @@ def verify_model_directory(directory: str | os.PathLike, verify: bool | None = N
             f"with {OVERRIDE}"
         )
     _VERIFIED.add(key)
+
+
+def note_unverified(directory: Path) -> None:
+    """Say once per process that a model directory loads unverified: it carries no checksums.json and does not say
+    it was sealed (a hub download, another tool's directory - or one of ours whose seal was removed with its
+    checksums, which nothing can tell apart)."""
+    key = str(directory.resolve())
+    if key not in _NOTED:
+        _NOTED.add(key)
+        print(
+            f"elasticbert: note: {directory}: not verified (no {CHECKSUMS}: a directory this project did not seal, "
+            "or one whose seal was removed); its files load as they are",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def verify_pretrained_path(name_or_path: str | os.PathLike, subfolder: object = "", verify: object = None) -> None:

@@ -8,7 +8,9 @@ engine's (same exits and predictions; logits within 1e-5, tests/finetune_early_e
 an input's exits and logits are the same served alone or in a batch (per-token activation scales, `onnx_export`).
 
 Before any session opens, the directory is verified: every file against its checksums.json (a flipped byte, a
-truncated or missing piece is refused by name), the manifest's format, and every piece the manifest lists.
+truncated or missing piece is refused by name), the manifest's format, and every piece the manifest lists. The
+exporter always seals, so an export without checksums.json (its seal marker removed too) is refused as well: it
+cannot be legitimate, and a bit-rotted piece in it could not be told from a sound one.
 
     classifier = EarlyExitClassifier.from_pretrained("exports/sst2_onnx", runtime="onnxruntime")
 """
@@ -22,13 +24,13 @@ import numpy as np
 import torch
 
 from common.errors import ConfigError
-from common.integrity import IntegrityError
+from common.integrity import CHECKSUMS, IntegrityError
 from common.io import read_object
 from elasticbert.configuration import ElasticBertConfig
 from elasticbert.early_exit import LayerRunner
 from elasticbert.exit_setting import PRECISIONS
 from elasticbert.loading import read_config
-from elasticbert.verification import verify_model_directory
+from elasticbert.verification import checksum_verification, verify_model_directory
 
 from .onnx_export import FORMAT, MANIFEST
 
@@ -45,6 +47,12 @@ def read_manifest(directory: Path) -> dict:
         raise ConfigError(
             f"{directory}: not an ONNX early-exit export (no {MANIFEST}); write one with "
             "`python -m finetune export --layout onnx --model RUN/best --output DIR`"
+        )
+    if checksum_verification() and not (directory / CHECKSUMS).is_file():  # the exporter always seals: no seal,
+        raise IntegrityError(  # no way to tell a bit-rotted piece from a sound one
+            f"{directory / CHECKSUMS} is missing: `finetune export --layout onnx` seals every export it writes, so "
+            "this one was copied in part or had its checksums removed, and its pieces cannot be verified; re-export "
+            "it, or load it anyway with --no-verify-checksums"
         )
     verify_model_directory(directory)  # checksums.json (the export is sealed); --no-verify-checksums skips it
     manifest = read_object(directory / MANIFEST, ConfigError, "an ONNX export manifest")

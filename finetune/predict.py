@@ -107,7 +107,7 @@ class EarlyExitClassifier:
         exits = len(model.exit_layers)
         if not isinstance(setting, ExitRule):
             setting = rule_for(setting or EarlyExitSetting("static"), model.config.num_labels, exits, lte_head=lte_head)
-        elif setting.setting is not None:  # a rule made elsewhere: its setting checked against this model
+        elif setting.setting is not None and setting.checked_exits != exits:  # made for no or another count of exits
             setting.setting.validated(model.config.num_labels, num_exits=exits)
         self.rule, self.setting = setting, setting.setting
         where = getattr(model, "name_or_path", None) or "the model"

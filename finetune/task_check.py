@@ -40,19 +40,24 @@ def _labels(task: TaskSpec) -> str:
     return "a regression value" if task.is_regression else f"{task.num_labels} labels ({', '.join(task.label_names)})"
 
 
-def check_task_fits(config: object, task: TaskSpec, model: str | Path, option: str = "--task") -> str | None:
-    """Refuse `task` for the model of `config` (at `model`) as the module docstring says; return a note to print
-    when the model records no task of this project (scored as asked), else None."""
+def check_task_fits(
+    config: object, task: TaskSpec, model: str | Path, option: str = "--task", fix: str | None = None
+) -> str | None:
+    """Refuse `task` for the model of `config` (at `model`) as the module docstring says (`fix`: what to do, else
+    "pass OPTION OWN_TASK"); return a note to print when the model records no task of this project (scored as
+    asked), else None."""
     own = model_task(config)
     trained = f", fine-tuned on {own.name}" if own is not None else ""
     count = int(getattr(config, "num_labels", 0) or 0)
     names = model_labels(config)
     head = "a regression head" if count == 1 else f"a head of {count} labels"
     head += f" ({', '.join(names)})" if names and count > 1 else ""
-    fix = f"pass {option} {own.name}, or a model fine-tuned on {task.name}" if own else "pass a task of its labels"
+    if fix is None:
+        fix = f"pass {option} {own.name}, or a model fine-tuned on {task.name}" if own else "pass a task of its labels"
     if count != task.num_labels or (names is not None and count > 1 and names != list(task.label_names)):
         raise DataError(
-            f"{option} {task.name} needs {_labels(task)}, but {model} has {head}{trained}: its scores would compare "
+            f"{option} {task.name}{', which' if option.endswith(' on') else ''} needs {_labels(task)}, but {model} "
+            f"has {head}{trained}: its scores would compare "
             f"{task.name}'s labels with another task's predictions; {fix}"
         )
     if own is None:
@@ -74,6 +79,7 @@ def check_measured_task(
     """Refuse a threshold or result measured on task `measured` for the model of `config` (at `model`) unless it is
     the model's own task (`check_task_fits`, `what` named in the message). Returns the task name to record with the
     threshold (the model's own when it records one, else `measured`) and the note to print, if any."""
-    note = check_task_fits(config, get_task(measured), model, option=f"{what}'s task")
     own = model_task(config)
+    fix = f"sweep {model} on {own.name} (finetune early-exit --task {own.name}) and use that result" if own else None
+    note = check_task_fits(config, get_task(measured), model, option=f"{what} was measured on", fix=fix)
     return (own.name if own is not None else get_task(measured).name), note

@@ -734,7 +734,7 @@ def test_predict_options_are_checked_before_anything_runs(tmp_path, capsys, fini
     assert "expected fastest-within=D, best" in error_of(capsys, base + ["--operating-point", f"{result}:quick"])
     assert "--threshold, not both" in error_of(capsys, base + ["--operating-point", str(result), "--threshold", "1"])
     message = error_of(capsys, base + ["--operating-point", f"{result}:entropy=0.2"])
-    assert "the operating point was measured on MRPC" in message and "fine-tuned on SST-2" in message
+    assert "the operating point was measured on MRPC" in message and "fine-tuned on SST-2" in message, message
     # an existing --output is kept unless --overwrite, and --overwrite replaces only predictions (issue 47)
     out = tmp_path / "out.jsonl"
     out.write_text("keep me\n")

@@ -20,7 +20,7 @@ def test_early_exit_then_elue_score_and_submission(saved_model, small_glue, smal
     rows = small_glue_rows
     out = tmp_path / "run"
     common = ["--model", str(saved_model), "--task", "SST-2", "--data-dir", str(small_glue), "--output", str(out)]
-    runs = [["lte", "--sweep", "0.3,0.6"], ["patience", "--sweep", "1,5"], ["entropy,maxprob,pcee"]]
+    runs = [["lte", "--sweep", "0.3,0.6"], ["patience", "--sweep", "1,4"], ["entropy,maxprob,pcee"]]
     for run in runs:  # each run keeps the others' points (one JSON, one plot)
         args = _parser().parse_args(["early-exit", *common, "--batch-size", "8", "--strategy", *run])
         assert args.func(args) == 0
@@ -30,7 +30,7 @@ def test_early_exit_then_elue_score_and_submission(saved_model, small_glue, smal
     assert stem.with_suffix(".png").stat().st_size > 10_000
     assert set(results["strategies"]) == set(early_exit.STRATEGIES)
     assert len(results["strategies"]["entropy"]["points"]) == 7  # the default sweep
-    assert [p["threshold"] for p in results["strategies"]["patience"]["points"]] == [1, 5]
+    assert [p["threshold"] for p in results["strategies"]["patience"]["points"]] == [1, 4]
     assert [p["layer"] for p in results["static"]] == [1, 2, 3, 4, 5, 6]
     assert results["full_model"]["score"] == results["static"][-1]["score"]
     for entry in results["strategies"].values():
@@ -38,7 +38,7 @@ def test_early_exit_then_elue_score_and_submission(saved_model, small_glue, smal
             assert sum(point["exit_histogram"].values()) == rows["dev"] - 1
             assert point["flops_speedup"] > 0.99 and point["wall_time_s"] > 0  # < 1: all heads ran, none exited
     assert (out / "lte_head_SST-2.safetensors").is_file()
-    samples = (out / "samples" / "patience_5.tsv").read_text().splitlines()
+    samples = (out / "samples" / "patience_4.tsv").read_text().splitlines()
     assert samples[0].split("\t") == ["index", "prediction", "label", "exit_layer", "length", "flops", "exits_run"]
     assert len(samples) == rows["dev"]
 
@@ -68,7 +68,7 @@ def test_early_exit_then_elue_score_and_submission(saved_model, small_glue, smal
     )
     assert args.func(args) == 0
     point_dirs = sorted(p.name for p in sub_dir.iterdir())
-    assert point_dirs == ["patience_1", "patience_5"]
+    assert point_dirs == ["patience_1", "patience_4"]
     files = sorted(p.name for p in (sub_dir / "patience_1").iterdir())
     assert files == ["SST-2.tsv", "SST-2_exit_layer.tsv", "SST-2_modules.tsv", "model.py", "submission.json"]
     predictions = (sub_dir / "patience_1" / "SST-2.tsv").read_text().splitlines()
@@ -86,8 +86,8 @@ def test_early_exit_then_elue_score_and_submission(saved_model, small_glue, smal
         length = lengths[index]
         layer_by_layer = [f"({length},384),layer_{i}; (384),exit_{i}" for i in range(1, layers[index] + 1)]
         assert trace == f"({length}),emb; " + "; ".join(layer_by_layer)
-    meta = json.loads((sub_dir / "patience_5" / "submission.json").read_text())["SST-2"]
-    assert meta["strategy"] == "patience" and meta["test_exit_histogram"]["6"] == rows["test"] - 1
+    meta = json.loads((sub_dir / "patience_4" / "submission.json").read_text())["SST-2"]
+    assert meta["strategy"] == "patience" and sum(meta["test_exit_histogram"].values()) == rows["test"] - 1
     assert meta["split"] == "test" and meta["num_samples"] == rows["test"] - 1
 
     # a task's files from another early-exit result (another model) are never mixed into the same folder
@@ -95,11 +95,11 @@ def test_early_exit_then_elue_score_and_submission(saved_model, small_glue, smal
     other = json.loads((tmp_path / "run" / "early_exit_SST-2_dev_bs8.json").read_text())
     other["identity"] = {**other["identity"], "weights_sha256": "0" * 64}
     other_json.write_text(json.dumps(other))
-    before = (sub_dir / "patience_5" / "SST-2.tsv").read_bytes()
+    before = (sub_dir / "patience_4" / "SST-2.tsv").read_bytes()
     args = _parser().parse_args(["submission", "--results", str(other_json), "--output", str(sub_dir)])
     with pytest.raises(ConfigError, match="holds SST-2's submission files of another early-exit result"):
         args.func(args)
-    assert (sub_dir / "patience_5" / "SST-2.tsv").read_bytes() == before
+    assert (sub_dir / "patience_4" / "SST-2.tsv").read_bytes() == before
     args = _parser().parse_args(
         ["submission", "--results", run_json, "--output", str(sub_dir), "--strategy", "patience"]
     )
@@ -107,8 +107,8 @@ def test_early_exit_then_elue_score_and_submission(saved_model, small_glue, smal
     replace = ["submission", "--results", str(other_json), "--output", str(sub_dir), "--strategy", "entropy"]
     args = _parser().parse_args([*replace, "--overwrite"])
     assert args.func(args) == 0
-    assert not (sub_dir / "patience_5" / "SST-2.tsv").exists()  # the other result's SST-2 files are gone
-    assert json.loads((sub_dir / "patience_5" / "submission.json").read_text()) == {}
+    assert not (sub_dir / "patience_4" / "SST-2.tsv").exists()  # the other result's SST-2 files are gone
+    assert json.loads((sub_dir / "patience_4" / "submission.json").read_text()) == {}
 
     # the LTE points of the merged result keep their head: all strategies write their files
     every = tmp_path / "every"

@@ -10,6 +10,7 @@ from common.errors import ConfigError
 from finetune.early_exit import (
     EntropyRule,
     LearnedExitHead,
+    LearnedExitRule,
     MaxProbRule,
     PatienceRule,
     PCEERule,
@@ -117,9 +118,17 @@ def test_unsorted_batches_give_the_same_result(classifier, sst2_dev):
     assert torch.equal(a.exit_layers, b.exit_layers) and torch.equal(a.predictions, b.predictions)
 
 
-# Extremes inside each threshold's range (out-of-range thresholds are refused): a softmax never reaches 1.0 here, and
-# the normalised entropy H / ln K stays below 1 unless the distribution is exactly uniform.
-NEVER = {"entropy": 0.0, "maxprob": 1.0, "patience": 6, "pcee": 0.0, "lte": 0.0}
+# Extremes inside each threshold's range at which no sample leaves before the last exit: `make_rule` refuses them
+# (issue 47: they decide without the input), so the engine's "everyone runs to the end" path is driven through the
+# rule classes themselves, as the always-firing one is.
+NEVER = {
+    "entropy": lambda head: EntropyRule(0.0),
+    "maxprob": lambda head: MaxProbRule(1.0),
+    "patience": lambda head: PatienceRule(5),  # 6 exits: at most 4 agreements before the last
+    "pcee": lambda head: PCEERule(0.0, patience=1),
+    "lte": lambda head: LearnedExitRule(0.0, head),
+}
+NEVER_SETTINGS = {"entropy": 0.0, "maxprob": 1.0, "patience": 5, "pcee": 0.0, "lte": 0.0}
 # Thresholds at which a rule fires whatever the input: `make_rule` refuses them (issue 38, class 6), so the engine's
 # "everyone leaves at exit 1" path is driven through the rule classes themselves.
 ALWAYS = {
@@ -127,7 +136,7 @@ ALWAYS = {
     "maxprob": lambda head: MaxProbRule(0.0),
     "patience": lambda head: PatienceRule(0),
     "pcee": lambda head: PCEERule(1.0, patience=1),
-    "lte": lambda head: make_rule("lte", 2.0, 2, lte_head=head),
+    "lte": lambda head: LearnedExitRule(2.0, head),
 }
 
 
@@ -139,7 +148,9 @@ def test_never_and_always_fire(strategy, classifier, sst2_dev):
     with torch.no_grad():
         full = exit_logits(classifier(ids, attention_mask=mask, token_type_ids=types))
 
-    never = run_batch(classifier, ids, mask, types, make_rule(strategy, NEVER[strategy], 2, **kwargs))
+    with pytest.raises(ValueError, match="no sample leaves before the last exit"):
+        make_rule(strategy, NEVER_SETTINGS[strategy], 2, num_exits=6, **kwargs)
+    never = run_batch(classifier, ids, mask, types, NEVER[strategy](head))
     assert never.exit_layers.eq(6).all() and never.exits_evaluated.eq(6).all()
     torch.testing.assert_close(never.logits, full[-1], atol=1e-5, rtol=0)
 
@@ -182,7 +193,7 @@ def test_exit_subset_and_static_truncation(classifier, sst2_dev):
     ids, mask, types = sst2_dev.input_ids, sst2_dev.attention_mask, sst2_dev.token_type_ids
     with torch.no_grad():
         static3 = exit_logits(classifier(ids, attention_mask=mask, token_type_ids=types, exit_layers=[3]))[0]
-    out = run_batch(classifier, ids, mask, types, make_rule("entropy", 0.0, 2), exit_layers=[3])
+    out = run_batch(classifier, ids, mask, types, EntropyRule(0.0), exit_layers=[3])  # (never fires)
     assert out.exit_layers.eq(3).all() and out.trace(0) == (3,)
     torch.testing.assert_close(out.logits, static3, atol=1e-5, rtol=0)
 
