@@ -65,40 +65,40 @@ def _has(folder: Path, *names: str) -> list[str]:
 
 
 def folder_kind(folder: str | os.PathLike) -> str | None:
-    """What `folder` is, as one of the kinds above with the files that say so (`a model directory (config.json,
-    model.safetensors)`), or None for a folder none of them marks (empty, or a user's own)."""
+    """What `folder` is, as one of the kinds above with the files that say so (`a model directory [config.json,
+    model.safetensors]`), or None for a folder none of them marks (empty, or a user's own)."""
     folder = Path(folder)
     if not folder.is_dir():
         return None
     if (folder / "onnx" / "manifest.json").is_file():
-        return f"{ONNX_EXPORT} (onnx/manifest.json)"
+        return f"{ONNX_EXPORT} [onnx/manifest.json]"
     weights = _has(folder, *WEIGHT_FILES)
     if (folder / "config.json").is_file() and weights:
-        return f"{MODEL_DIRECTORY} (config.json, {', '.join(weights)})"
+        return f"{MODEL_DIRECTORY} [config.json, {', '.join(weights)}]"
     if (folder / "latest").is_file() or any(folder.glob("global_step*/")):
-        return f"{CHECKPOINT_FOLDER} (latest, global_step*/)"
+        return f"{CHECKPOINT_FOLDER} [latest, global_step*/]"
     if any(folder.glob("*model_states.pt")) or any(folder.glob("*optim_states.pt")):
-        return f"{CHECKPOINT} (*_model_states.pt)"
+        return f"{CHECKPOINT} [*_model_states.pt]"
     if (folder / "checkpoints").is_dir() or (folder / "metrics.jsonl").is_file():
-        return f"{PRETRAIN_RUN} ({', '.join(_has(folder, 'checkpoints', 'metrics.jsonl'))})"
+        return f"{PRETRAIN_RUN} [{', '.join(_has(folder, 'checkpoints', 'metrics.jsonl'))}]"
     if (folder / "run_config.json").is_file() or (folder / "resume" / "latest").exists():
-        return f"{FINETUNE_RUN} ({', '.join(_has(folder, 'run_config.json', 'best', 'resume'))})"
+        return f"{FINETUNE_RUN} [{', '.join(_has(folder, 'run_config.json', 'best', 'resume'))}]"
     work = peek_object(folder / ".work" / "plan.json") or {}
     dedup = (work.get("plan") or {}).get("splitter") == "dedup" if isinstance(work.get("plan"), dict) else False
     if (folder / "dedup_report.json").is_file() or dedup:
-        return f"{DEDUP_OUTPUT} ({', '.join(_has(folder, 'dedup_report.json', 'text', '.work'))})"
+        return f"{DEDUP_OUTPUT} [{', '.join(_has(folder, 'dedup_report.json', 'text', '.work'))}]"
     if (folder / "manifest.json").is_file() or work:
-        return f"{CORPUS} ({', '.join(_has(folder, 'manifest.json', '.work'))})"
+        return f"{CORPUS} [{', '.join(_has(folder, 'manifest.json', '.work'))}]"
     if (folder / "dev_scores.json").is_file():
-        return f"{EVALUATION} (dev_scores.json)"
+        return f"{EVALUATION} [dev_scores.json]"
     if any(folder.glob("early_exit_*.json")):
-        return f"{EARLY_EXIT_RESULTS} (early_exit_*.json)"
+        return f"{EARLY_EXIT_RESULTS} [early_exit_*.json]"
     if any(folder.glob("*/submission.json")):
-        return f"{SUBMISSION} (*/submission.json)"
+        return f"{SUBMISSION} [*/submission.json]"
     if (folder / "stats.json").is_file():
-        return f"{CORPUS_STATS} (stats.json)"
+        return f"{CORPUS_STATS} [stats.json]"
     if _has(folder, *TOKENIZER_FILES) and not any(p.is_dir() for p in folder.iterdir()):
-        return f"{TOKENIZER} ({', '.join(_has(folder, *TOKENIZER_FILES))})"
+        return f"{TOKENIZER} [{', '.join(_has(folder, *TOKENIZER_FILES))}]"
     return None
 
 

@@ -26,47 +26,21 @@ from pathlib import Path
 import pytest
 from faults import small_tmpfs
 from requirements import GLUE, require_data
+from tiny_models import saved_classifier, small_glue
 
-from common.integrity import seal
-from elasticbert import ElasticBertForSequenceClassification, load_pretrained, minilm_dir
 from finetune.__main__ import main
 
 TASK_ROWS = {"SST-2": 13, "MRPC": 9, "RTE": 9, "STS-B": 9, "CoLA": 9}  # lines (header included) of each small copy
-LABELS = {"SST-2": ("0", "1"), "MRPC": ("0", "1"), "MNLI": ("contradiction", "entailment", "neutral")}
 
 
 @pytest.fixture(scope="module")
 def glue(tmp_path_factory) -> Path:
     require_data(GLUE / "SST-2")
-    root = tmp_path_factory.mktemp("glue")
-    for task, n in TASK_ROWS.items():
-        (root / task).mkdir()
-        for split in ("train", "dev", "test"):
-            lines = (GLUE / task / f"{split}.tsv").read_text(encoding="utf-8").splitlines()[:n]
-            (root / task / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return root
+    return small_glue(GLUE, tmp_path_factory.mktemp("glue"), TASK_ROWS)
 
 
 def _model(directory: Path, task: str, layers: int = 2) -> Path:
-    """A 2-layer MiniLM classifier saved as `finetune train` saves RUN/best for `task` (random heads recorded as
-    trained: these tests judge inputs and outputs, not accuracy)."""
-    labels = LABELS[task]
-    model, _ = load_pretrained(
-        ElasticBertForSequenceClassification,
-        minilm_dir(),
-        num_hidden_layers=layers,
-        exit_layers=list(range(1, layers + 1)),
-        num_labels=len(labels),
-        id2label=dict(enumerate(labels)),
-        label2id={name: i for i, name in enumerate(labels)},
-    )
-    model.config.finetuning_task = task
-    model.config.trained_exits = list(range(1, layers + 1))
-    model.save_pretrained(directory)
-    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(minilm_dir() / name, directory / name)
-    seal(directory)
-    return directory
+    return saved_classifier(directory, task, layers)
 
 
 @pytest.fixture(scope="module")
