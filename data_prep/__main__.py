@@ -43,8 +43,8 @@ from common.vocab import describe_unk
 from .errors import DataPrepError, output_errors
 from .pipeline import RunOptions, finalize_dir, iter_corpus_texts, tokenize_corpus
 from .plan import PrepConfig
-from .sources import describe_text_faults
 from .stats import corpus_stats
+from .text_faults import describe_text_faults
 from .tokenizer import TokenizerTraining, adopt_vocab, train_tokenizer
 from .verify import summary, verify_dir
 

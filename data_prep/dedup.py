@@ -35,7 +35,7 @@ from common.outputs import DEDUP_OUTPUT as DEDUP_KIND
 from common.outputs import Output, check_output
 
 from . import dedup_lsh, dedup_report, dedup_stages, dedup_write
-from . import sources as S
+from . import text_faults as TF
 from .dedup_evalsets import EvalTable, load_eval_table
 from .dedup_plan import (
     INPUT_SETTINGS,
@@ -98,7 +98,7 @@ def dedup_corpus(
         if run.stage in ("all", "signatures"):  # the files this task reads, judged before any work
             mine = range(run.task_index, len(plan["units"]), max(1, run.num_tasks))
             read = sorted({si for u in mine for si, _, _ in plan["units"][u]})
-            S.check_text_sources([plan["sources"][si] for si in read], run.max_nontext_fraction)
+            TF.check_text_sources([plan["sources"][si] for si in read], run.max_nontext_fraction)
         record_plan(out, plan)
         return run_stages(out, plan, phash, table, run)
 

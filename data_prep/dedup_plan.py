@@ -19,6 +19,7 @@ from common.integrity import read_checksums, sha256_bytes
 from common.io import atomic_write_json, read_object
 
 from . import sources as S
+from . import text_faults as TF
 from .dedup_manifest import REPORT
 from .errors import DataPrepError
 from .plan import build_plan, make_config, plan_difference, plan_hash
@@ -95,7 +96,7 @@ class DedupRun:
     lsh_memory: int = 2 << 30
     allow_empty: bool = False
     rehash: bool = True
-    max_nontext_fraction: float = S.DEFAULT_MAX_NONTEXT_FRACTION  # (judges inputs; changes no output byte)
+    max_nontext_fraction: float = TF.DEFAULT_MAX_NONTEXT_FRACTION  # (judges inputs; changes no output byte)
 
     def problems(self) -> list[str]:
         problems = literal_problems(self, key=lambda name: "--" + name.replace("_", "-"))

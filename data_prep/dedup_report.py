@@ -15,7 +15,7 @@ from typing import Any
 from common.integrity import hash_files, sha256_bytes, write_checksums
 from common.io import atomic_write_text, peek_object, read_object
 
-from . import sources as S
+from . import text_faults as TF
 from .dedup_lsh import load_roots
 from .dedup_manifest import REPORT, TEXT_DIR
 from .dedup_plan import REPORT_MD, DedupRun, remove_work
@@ -131,7 +131,7 @@ def build_report(ctx: DedupContext, records: list[dict[str, Any]], clusters: dic
         "contamination_by_set": _by_set(sums["contamination"], eval_sets),
         "outputs": {"files": files, "bytes": sum(r["files"][n]["size"] for r in records for n in r["files"])},
         # per input file: [U+FFFD after decoding, control characters] (files without either are not listed)
-        "text_faults": S.merge_text_faults(records),
+        "text_faults": TF.merge_text_faults(records),
         **sums,
     }
     return report
@@ -182,7 +182,7 @@ def report_markdown(report: dict[str, Any]) -> str:
         )
     if report.get("text_faults"):
         lines += ["", "Input files holding what is not text (kept in the documents as read):", ""]
-        lines += [f"- {line}" for line in S.describe_text_faults(report["text_faults"], most=20)]
+        lines += [f"- {line}" for line in TF.describe_text_faults(report["text_faults"], most=20)]
     lines += ["", "Examples of contamination (corpus text around the first hit):", ""]
     for ex in report["examples"].get("contamination", [])[:5]:
         text = " ".join(ex["text"].split())

@@ -49,6 +49,7 @@ from common.outputs import CORPUS, Output, check_output
 from common.vocab import DEFAULT_MAX_UNK_FRACTION
 
 from . import sources as S
+from . import text_faults as TF
 from .dedup_manifest import dedup_manifest_entry
 from .errors import DataPrepError, output_errors
 from .plan import (
@@ -102,7 +103,7 @@ def tokenize_corpus(
     allow_empty: bool = False,
     rehash: bool = True,
     max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION,
-    max_nontext_fraction: float = S.DEFAULT_MAX_NONTEXT_FRACTION,
+    max_nontext_fraction: float = TF.DEFAULT_MAX_NONTEXT_FRACTION,
     **settings: Any,
 ) -> dict[str, Any]:
     """Tokenize `inputs` into shards under `out_dir`; see the module docstring for the layout.
@@ -140,7 +141,7 @@ class RunOptions:
     allow_empty: bool = False
     rehash: bool = True
     max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION
-    max_nontext_fraction: float = S.DEFAULT_MAX_NONTEXT_FRACTION
+    max_nontext_fraction: float = TF.DEFAULT_MAX_NONTEXT_FRACTION
 
     def problems(self) -> list[str]:
         """Out-of-range values, named by their command-line flags."""
@@ -176,7 +177,7 @@ def _tokenize(
     mine = list(range(j, len(plan["units"]), J))
     todo = _units_to_do(out, keys, mine, run.rehash)
     read = sorted({si for u in todo for si, _, _ in plan["units"][u]})  # the files this task reads: judged first
-    S.check_text_sources([plan["sources"][si] for si in read], run.max_nontext_fraction)
+    TF.check_text_sources([plan["sources"][si] for si in read], run.max_nontext_fraction)
     log.info(
         "%s: %d units planned, task %d/%d has %d (%d already done, %d to do)",
         out,
@@ -531,7 +532,7 @@ def _manifest(
             "units": len(units),
         },
         # per input file: [U+FFFD after decoding, control characters] (files without either are not listed)
-        "text_faults": S.merge_text_faults(units),
+        "text_faults": TF.merge_text_faults(units),
     }
 
 

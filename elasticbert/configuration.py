@@ -133,12 +133,15 @@ class ElasticBertConfig(PretrainedConfig):
         self.exit_mha_dim = exit_mha_dim
         self.exit_mha_heads = exit_mha_heads
         self.classifier_dropout = classifier_dropout
-        if early_exit is not None:  # a ValueError naming the key (load_pretrained names the file)
-            task = getattr(self, "finetuning_task", None)  # a threshold of another task's sweep is refused
-            setting = EarlyExitSetting.from_dict(early_exit, self.num_labels, "early_exit", len(self.exit_layers), task)
-            early_exit = setting.to_dict()
+        if early_exit is not None:  # a ValueError naming the key (load_pretrained names the file); another task's
+            early_exit = self._checked_setting(early_exit).to_dict()  # threshold too
         self.early_exit = early_exit
         self.tokenizer_identity = tokenizer_identity
+
+    def _checked_setting(self, early_exit: dict) -> EarlyExitSetting:
+        """`early_exit` as a setting this model can run: its labels, its exits, its own task's threshold."""
+        task = getattr(self, "finetuning_task", None)
+        return EarlyExitSetting.from_dict(early_exit, self.num_labels, "early_exit", len(self.exit_layers), task)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs: object) -> PretrainedConfig:

@@ -91,6 +91,13 @@ def companion_tasks(task: TaskSpec) -> list[TaskSpec]:
     return [task]
 
 
+def check_counts(**counts: int | None) -> None:
+    """Each given count (`batch_size=64`, `max_examples=None`: not given) at least 1, named by its option."""
+    for name, value in counts.items():
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+
 def evaluate_model(
     model_dir: str | Path,
     task_name: str | None,
@@ -116,10 +123,7 @@ def evaluate_model(
     created in `output` (not the folder either, when it made it) and never another model's dev_scores.json beside
     its own files.
     """
-    if batch_size < 1:
-        raise ConfigError(f"--batch-size must be >= 1, got {batch_size}")
-    if max_examples is not None and max_examples < 1:
-        raise ConfigError(f"--max-examples must be >= 1, got {max_examples}")
+    check_counts(batch_size=batch_size, max_examples=max_examples)
     check_output(output, EVALUATION, [("--model", model_dir), ("--data-dir", data_dir)], overwrite)
     place = resolve_device(device)
     model_dir = resolve_pretrained(model_dir, what="--model")
