@@ -71,11 +71,7 @@ codecs.register_error("data_prep_count", _count_and_replace)
 
 # --------------------------------------------------------------------------------------------- not text
 
-# A control character is one no text holds: C0 (but tab, line feed, vertical tab, form feed, carriage return) and DEL
-# (and C1 in a decoded text: a JSONL or dataset document, whose bytes are not the text's). With U+FFFD (an
-# undecodable byte sequence replaced, or one the input already held) they are what is "not text" in a document:
-# counted per file (`ReadStats.text_faults`); a file mostly made of them (an executable, an archive, a wrong path) is
-# refused before any work (`text_faults.check_text_sources`).
+# Not text (`text_faults`): U+FFFD and control characters - C0 but tab, LF, VT, FF, CR; DEL; C1 in decoded text.
 _CONTROL = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x9f]")
 # the same in UTF-8 bytes, C0 and DEL (C1 needs two bytes; a file's raw bytes are counted at C speed: 380 MB/s)
 _NOT_CONTROL_BYTES = bytes(b for b in range(256) if not (b < 9 or 14 <= b < 32 or b == 127))
