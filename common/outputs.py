@@ -5,14 +5,15 @@ An output is a file (predict's JSONL, elue-score's JSON, a diagnostics PNG) or a
 evaluation, an export, a prepared corpus). `check_output` runs before anything is loaded and refuses, in one line that
 says what the path is:
 
-- an output that is one of the command's inputs or lies inside an input folder (`--output RUN/best/x.jsonl` with
-  `--model RUN/best`), compared after resolving symbolic links, so that a link to the model is the model; and a
-  folder that holds an input when the command may remove what the folder holds (`overwrite`, or a folder written
-  whole): replacing it would delete the input;
+- an output that is one of the command's inputs (a hard link to one included) or lies inside an input folder
+  (`--output RUN/best/x.jsonl` with `--model RUN/best`), compared after resolving symbolic links, so that a link to
+  the model is the model; and a folder that holds an input when the command may remove what the folder holds
+  (`overwrite`, a folder written whole, a run directory): replacing it would delete the input;
 - a file output that is a folder, of any kind: `--overwrite` replaces a file, never a folder;
 - a folder output that is a file, or a folder another command wrote (`folder_kind`: a model directory, a pre-training
   checkpoint folder or run, a fine-tuning run, a prepared corpus, a dedup output, ...) unless it is one of this
-  command's own kinds (`Output.accepts`);
+  command's own kinds (`Output.accepts`; the folders of results - evaluations, early-exit results, submissions - are
+  shared by the commands that write results, which keep another model's results apart by identity);
 - an existing file, or a non-empty folder the command writes whole, that is not this command's own output: without
   `--overwrite` it is never replaced; with it, only when the command recognises it as its own (`Output.own`: its
   format — a predictions JSONL, an export of the same layout). An empty file holds nothing to lose.
@@ -50,6 +51,10 @@ EVALUATION = "an evaluation folder"
 EARLY_EXIT_RESULTS = "an early-exit results folder"
 SUBMISSION = "an ELUE submission folder"
 CORPUS_STATS = "a corpus statistics folder"
+
+# the folders of results (JSON, plots, prediction files) that the commands writing results may share: each refuses
+# to mix another model's results with its own by their recorded identity (finetune/results.py), not by folder
+RESULTS = (EVALUATION, EARLY_EXIT_RESULTS, SUBMISSION)
 
 WEIGHT_FILES = (
     "model.safetensors",
@@ -109,14 +114,16 @@ def _never(path: Path) -> bool:
 @dataclass(frozen=True)
 class Output:
     """What a command writes at `--output`: a `file`, or a `folder` (its files written into it; `whole`: the folder is
-    written whole and replaced with --overwrite). `what` names it in messages ("a JSONL file of predictions");
-    `own(path)` recognises an existing output this command wrote (its format); `accepts` are the folder kinds of
-    `folder_kind` the command writes into (its own: a run it resumes, an evaluation it adds to)."""
+    written whole and replaced with --overwrite; `exclusive`: a run directory, which may hold no input either).
+    `what` names it in messages ("a JSONL file of predictions"); `own(path)` recognises an existing output this
+    command wrote (its format); `accepts` are the folder kinds of `folder_kind` the command writes into (its own: a
+    run it resumes, an evaluation it adds to)."""
 
     command: str
     what: str
     folder: bool = False
     whole: bool = False
+    exclusive: bool = False  # a run directory: the command's alone (it writes fixed names there, clears them)
     own: Callable[[Path], bool] = _never
     accepts: tuple[str, ...] = field(default_factory=tuple)
 
@@ -158,7 +165,7 @@ def input_problem(output: Path, spec: Output, inputs: Iterable[tuple[str, object
     for flag, given, source in local_inputs(inputs):
         kind = folder_kind(source)
         described = f" ({kind})" if kind else ""
-        if real == source:
+        if real == source or (source.is_file() and real.is_file() and os.path.samefile(real, source)):  # a hard link
             return f"is {_name(flag, given)}{described}: writing there would replace what the command reads"
         if source.is_dir() and _inside(real, source):
             return (
@@ -167,6 +174,11 @@ def input_problem(output: Path, spec: Output, inputs: Iterable[tuple[str, object
             )
         if spec.folder and (spec.whole or overwrite) and _inside(source, real) and real.exists():
             return f"holds {_name(flag, given)}: replacing the folder (--overwrite) would delete the input"
+        if spec.exclusive and _inside(source, real):
+            return (
+                f"holds {_name(flag, given)}: a run directory is the run's alone (it writes config.yaml, "
+                "checkpoints, logs there, and clears them to start over)"
+            )
     return None
 
 
@@ -191,9 +203,10 @@ def check_output(
         kind = folder_kind(path)
         if not spec.folder:
             what = kind or "a folder"
+            where = f"e.g. {path / _example_name(spec)}" if kind is None else "outside it"
             raise OutputError(
                 f"{head} is {what}; {spec.command} writes one file ({spec.what}) and never replaces a folder "
-                f"(--overwrite included): name a file, e.g. {path / _example_name(spec)}"
+                f"(--overwrite included): name a file, {where}"
             )
         if kind is not None and not any(kind.startswith(accepted) for accepted in spec.accepts):
             raise OutputError(

@@ -13,8 +13,7 @@ import torch
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
 from common.io import atomic_write_json, atomic_write_text, make_dirs, removed_on_failure
-from common.outputs import EVALUATION as EVALUATION_FOLDER
-from common.outputs import Output, check_output
+from common.outputs import RESULTS, Output, check_output
 from elasticbert import ElasticBertForSequenceClassification
 
 from .config import load_run_config
@@ -26,7 +25,7 @@ from .task_check import check_task_fits
 from .tasks import DataError, Example, MissingSplitError, TaskSpec, get_task, load_split, predictions_from_outputs
 
 EVALUATION = Output(
-    "evaluate", "an evaluation (dev_scores.json, layer curves, predictions/)", folder=True, accepts=(EVALUATION_FOLDER,)
+    "evaluate", "an evaluation (dev_scores.json, layer curves, predictions/)", folder=True, accepts=RESULTS
 )
 
 

@@ -37,7 +37,9 @@ RUN_DIRS = ("tensorboard", RESUME)
 LEFTOVERS = (".best.tmp*",)  # a best/ being written when its process died
 
 
-RUN_OUTPUT = Output("finetune train", "a fine-tuning run directory", folder=True, accepts=(FINETUNE_RUN,))
+RUN_OUTPUT = Output(
+    "finetune train", "a fine-tuning run directory", folder=True, exclusive=True, accepts=(FINETUNE_RUN,)
+)
 
 
 def check_run_dir(run_dir: Path, overwrite: bool, inputs: Iterable[tuple[str, object]] = ()) -> None:
@@ -45,7 +47,7 @@ def check_run_dir(run_dir: Path, overwrite: bool, inputs: Iterable[tuple[str, ob
     that is a file, another command's folder (a model directory, a pre-training run, ...), one of the run's `inputs`
     (model, tokenizer, data), inside one, or holding one (`common.outputs`: a run's files there may be replaced);
     changes nothing."""
-    check_output(run_dir, RUN_OUTPUT, inputs, overwrite=True)  # (a run's files there may be replaced: see above)
+    check_output(run_dir, RUN_OUTPUT, inputs, overwrite)
     holder = lock_holder(run_dir)
     if holder is not None:
         raise in_use(run_dir, WHO, holder)

@@ -40,7 +40,7 @@ import numpy as np
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
 from common.io import atomic_write_json, atomic_write_text, make_dirs, read_object, removed_on_failure
-from common.outputs import SUBMISSION, Output, check_output
+from common.outputs import RESULTS, Output, check_output
 from elasticbert import ElasticBertForSequenceClassification
 from elasticbert.early_exit import make_rule
 from elasticbert.exit_setting import degenerate_problem
@@ -55,7 +55,7 @@ from .task_check import check_task_fits
 from .tasks import DataError, TaskSpec, get_task, load_split
 
 SUBMISSION_OUTPUT = Output(
-    "submission", "ELUE submission folders (<strategy>_<threshold>/)", folder=True, accepts=(SUBMISSION,)
+    "submission", "ELUE submission folders (<strategy>_<threshold>/)", folder=True, accepts=RESULTS
 )
 
 SUBMISSION_JSON = "a submission.json written by `finetune submission` (a JSON object)"

@@ -140,7 +140,7 @@ def _verify_argument(p: argparse.ArgumentParser, when: str) -> None:
     )
 
 
-RUN_OUTPUT = Output("pretrain", "a pre-training run directory", folder=True, accepts=(PRETRAIN_RUN,))
+RUN_OUTPUT = Output("pretrain", "a pre-training run directory", folder=True, exclusive=True, accepts=(PRETRAIN_RUN,))
 
 
 def check_run_output(args: argparse.Namespace, cfg: object) -> None:

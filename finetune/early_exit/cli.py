@@ -16,7 +16,7 @@ from common.cli import add_command, add_max_examples, add_output, add_switch, co
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
 from common.io import atomic_write_json, make_dirs, read_object, removed_on_failure
-from common.outputs import EARLY_EXIT_RESULTS, Output, check_output
+from common.outputs import RESULTS, Output, check_output
 from elasticbert import ElasticBertForSequenceClassification
 from elasticbert.precision import PRECISIONS, for_inference, precision_problem
 
@@ -47,7 +47,7 @@ DESCRIPTION = (
 
 
 EARLY_EXIT_OUTPUT = Output(
-    "early-exit", "early-exit results (early_exit_*.json, .png, samples/)", folder=True, accepts=(EARLY_EXIT_RESULTS,)
+    "early-exit", "early-exit results (early_exit_*.json, .png, samples/)", folder=True, accepts=RESULTS
 )
 LTE_HEAD_OUTPUT = Output("early-exit", "an LTE head file")
 EARLY_EXIT_HELP = "sweep early-exit rules on a fine-tuned multi-exit model: score, FLOPs, speed-ups, Pareto plot"
