@@ -51,7 +51,8 @@ def run_command(prog: str, func: Callable[[], int | None], debug: bool = False) 
     except OSError as err:  # one the command did not turn into a UserError: still one line, with the path and errno
         if debug:
             raise
-        print(f"{prog}: error: {describe_os_error(err)}", file=sys.stderr, flush=True)
+        mapped = os_error_of(err) or err  # (an errno for numpy's short write, which gives none)
+        print(f"{prog}: error: {describe_os_error(mapped)}", file=sys.stderr, flush=True)
         return EXIT_OS_ERROR
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr, flush=True)

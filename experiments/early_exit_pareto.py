@@ -109,7 +109,7 @@ def elue(paths: list[Path], work_dir: Path) -> dict:
     files = [str(p) for p in paths]
     run_cli(
         "finetune",
-        ["elue-score", "--baseline", *files, "--points", *files, "--output", str(report)],
+        ["elue-score", "--baseline", *files, "--points", *files, "--output", str(report), "--overwrite"],
         work_dir / "logs" / "elue_score.log",
     )
     return read_object(report, what="an elue-score report")

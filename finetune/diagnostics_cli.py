@@ -38,7 +38,7 @@ def _starts_with(magic: bytes) -> object:
     return own
 
 
-PNG = Output("the plot commands", "a PNG figure", own=_starts_with(b"\x89PNG\r\n\x1a\n"))
+PNG = Output("a plot command", "a PNG figure", own=_starts_with(b"\x89PNG\r\n\x1a\n"))
 ARRAYS = Output("plot-embeddings", "the figure's arrays (.npz)", own=_starts_with(b"PK\x03\x04"))
 
 PLOT_ANGLES_HELP = "histogram/trace of CE vs contrastive gradient angles of a run"

@@ -67,7 +67,7 @@ def read_angles(run_dir: str | Path) -> tuple[Path, dict]:
     if not source.is_file():
         raise DataError(f"{source}: no ACL diagnostics (train with a contrastive --objective to record angles)")
     diag = read_object(source, DataError, "an ACL diagnostics file")
-    missing = [k for k in ("records", "threshold", "scope") if k not in diag]
+    missing = [k for k in ("records", "threshold", "scope", "acl_grad") if k not in diag]
     if missing or not isinstance(diag["records"], list):
         raise DataError(f"{source}: not an ACL diagnostics file (lacks {missing or ['a records list']})")
     if any(not isinstance(r, dict) or "angle" not in r or "dropped" not in r for r in diag["records"]):

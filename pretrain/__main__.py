@@ -143,12 +143,16 @@ def _verify_argument(p: argparse.ArgumentParser, when: str) -> None:
 RUN_OUTPUT = Output("pretrain", "a pre-training run directory", folder=True, exclusive=True, accepts=(PRETRAIN_RUN,))
 
 
-def check_run_output(args: argparse.Namespace, cfg: object) -> None:
+INDEX_OUTPUT = Output("build-index", "a run directory's index_cache/", folder=True, accepts=(PRETRAIN_RUN,))
+
+
+def check_run_output(args: argparse.Namespace, cfg: object, spec: Output = RUN_OUTPUT) -> None:
     """The run directory is not one of the run's inputs (its config, corpora, `init_from` model), not inside one,
-    and not another command's folder (a model directory, a prepared corpus, a fine-tuning run): `common.outputs`."""
+    does not hold one, and is not another command's folder (a model directory, a prepared corpus, a fine-tuning
+    run): `common.outputs`. (`build-index` writes only index_cache/ there: it may hold the inputs.)"""
     inputs = [("--config", args.config), ("model.init_from", cfg.model.init_from)]
     inputs += [(f"data.corpora[{i}].path", corpus.path) for i, corpus in enumerate(cfg.data.corpora)]
-    check_output(args.output, RUN_OUTPUT, inputs)
+    check_output(args.output, spec, inputs)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -184,7 +188,7 @@ def cmd_build_index(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides + ["data.verify=true"])  # offline: verify and stamp
     if args.output:
-        check_run_output(args, cfg)
+        check_run_output(args, cfg, INDEX_OUTPUT)
     bundle = open_data(cfg, Path(args.output) if args.output else Path.cwd(), need_valid=True)
     datasets = [d for pair in zip_longest(bundle.train, bundle.valid) for d in pair if d is not None]
     for path, d in zip(bundle.index_paths, datasets):  # index_paths: per corpus, train then valid
