@@ -40,6 +40,7 @@ class DeviceCaps:
     name: str = "CPU"
     native_bf16: bool = False
     capability: str = ""
+    notes: tuple[str, ...] = ()  # what the start-up could not check on this device (printed as notes)
 
     @classmethod
     def cpu(cls) -> DeviceCaps:
@@ -53,13 +54,13 @@ class DeviceCaps:
         anything starts (`common.torch_build`)."""
         import torch
 
-        require_runnable_build(local_rank)
+        notes = require_runnable_build(local_rank)
 
         if not torch.cuda.is_available():
             return cls.cpu()
         props = torch.cuda.get_device_properties(local_rank % torch.cuda.device_count())
         native = bool(torch.version.hip) or props.major >= 8
-        return cls("cuda", props.name, native, f"{props.major}.{props.minor}")
+        return cls("cuda", props.name, native, f"{props.major}.{props.minor}", notes)
 
     def describe(self) -> str:
         if self.kind == "cpu":

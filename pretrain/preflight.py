@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from common.dist import resolve_env
-from common.torch_build import running_build_problem
+from common.torch_build import query_driver, running_build_check
 
 from .config import REPO_ROOT, RunConfig
 
@@ -81,9 +81,9 @@ def check_gpus(tasks_per_node: int) -> tuple[str, Any]:
     """GPUs visible to this node's tasks = the tasks it will run; the torch build covers them."""
     import torch
 
-    problem = running_build_problem(0)
-    if problem:
-        raise ValueError(problem)
+    check = running_build_check(0)
+    if check.problem:
+        raise ValueError(check.problem)
     if os.environ.get("DS_ACCELERATOR") == "cpu" or not torch.cuda.is_available():
         return "no GPU (CPU node)", None
     count = torch.cuda.device_count()
@@ -94,7 +94,8 @@ def check_gpus(tasks_per_node: int) -> tuple[str, Any]:
         )
     names = sorted({torch.cuda.get_device_name(i) for i in range(count)})
     caps = sorted({".".join(map(str, torch.cuda.get_device_capability(i))) for i in range(count)})
-    return f"{count} x {'/'.join(names)} (sm {'/'.join(caps)}), arch list covers them", None
+    notes = "".join(f"; note: {n}" for n in check.notes)
+    return f"{count} x {'/'.join(names)} (sm {'/'.join(caps)}), arch list covers them{notes}", None
 
 
 def check_precision(cfg: RunConfig, ds_path: str | None, world_size: int) -> tuple[str, tuple[dict[str, Any], str]]:
@@ -207,10 +208,7 @@ def versions() -> dict[str, str]:
     found["cuda"] = str(torch.version.cuda)
     if torch.cuda.is_available():
         found["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-        driver = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
-        )
-        found["driver"] = driver.stdout.split("\n")[0].strip() or "?"
+        found["driver"] = query_driver() or "unknown"
     try:
         found["deepspeed"] = metadata.version("deepspeed")  # without importing it (slow, prints banners)
     except metadata.PackageNotFoundError:
