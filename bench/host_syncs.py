@@ -82,6 +82,7 @@ class SyncCounter:
 
     steps: list[list[Sync]] = field(default_factory=list)
     outside: list[Sync] = field(default_factory=list)
+    device_truth: bool = False  # CUDA's sync debug mode is on: count its reports ("cuda"), not the Python calls
     _current: list[Sync] | None = None
     _depth: int = 0
 
@@ -98,11 +99,19 @@ class SyncCounter:
             self.steps.append(self._current)
             self._current = None
 
-    def per_step(self, origin: str | None = None, kind_prefix: str = "") -> list[int]:
+    def counted(self, sync: Sync) -> bool:
+        """Whether `sync` counts: CUDA's own reports when the debug mode is on (a Python read of a host tensor is
+        no device sync there), else every wrapped Python call (the CPU's conservative count)."""
+        return (sync.kind == "cuda") is self.device_truth
+
+    def per_step(self, origin: str | None = None) -> list[int]:
         return [
-            sum(1 for s in step if (origin is None or s.origin == origin) and s.kind.startswith(kind_prefix))
-            for step in self.steps
+            sum(1 for s in step if (origin is None or s.origin == origin) and self.counted(s)) for step in self.steps
         ]
+
+    @property
+    def how(self) -> str:
+        return "CUDA sync debug mode" if self.device_truth else "Python calls that read the device (CPU count)"
 
     def sources(self, steps: slice = slice(None)) -> Counter[Sync]:
         """How often each (kind, place, origin) occurred over `steps`."""
@@ -113,9 +122,9 @@ class SyncCounter:
         steps = self.steps[skip:]
         if not steps:
             return "no steps counted"
-        lines = [f"host syncs per optimizer step (mean over {len(steps)} step(s)):"]
+        lines = [f"host syncs per optimizer step (mean over {len(steps)} step(s); {self.how}):"]
         for origin in ("trainer", "model", "deepspeed", "torch", "other"):
-            counts = [sum(1 for s in step if s.origin == origin) for step in steps]
+            counts = [sum(1 for s in step if s.origin == origin and self.counted(s)) for step in steps]
             if any(counts):
                 lines.append(f"  {origin:9s} {sum(counts) / len(counts):5.2f}  (per step: {counts})")
         for sync, n in sorted(self.sources(slice(skip, None)).items(), key=lambda kv: (kv[0].origin, kv[0].where)):
@@ -167,6 +176,7 @@ def count_host_syncs(cuda_sync_debug: bool = True) -> Iterator[SyncCounter]:
 
             warnings.showwarning = on_warning
             torch.cuda.set_sync_debug_mode("warn")
+            counter.device_truth = True
         try:
             yield counter
         finally:

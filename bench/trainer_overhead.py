@@ -42,6 +42,11 @@ sys.path.insert(0, str(REPO))
 SIZES = {  # the run config each size starts from, and what it changes
     "tiny": ("configs/tiny_cpu.yaml", []),
     "base": ("configs/elasticbert_base_scratch.yaml", ["model.vocab_size=30522"]),
+    "mid": (  # MiniLM-L6's shape with bert-base's vocabulary: base-like, and a CPU runs it in minutes
+        "configs/elasticbert_base_scratch.yaml",
+        ["model.vocab_size=30522", "model.hidden_size=384", "model.num_hidden_layers=6"]
+        + ["model.num_attention_heads=6", "model.intermediate_size=1536"],
+    ),
 }
 WORDS = 3000
 
@@ -207,6 +212,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             syncs[name] = {
                 "per_step": {o: counter.per_step(o) for o in ("trainer", "model", "deepspeed", "torch", "other")},
                 "report": counter.report(),
+                "how": counter.how,
             }
         tokens = sum(float(b["attention_mask"].sum()) for b in micro) / 2
         masked = sum(float((b["mlm_labels"] != -100).sum()) for b in micro) / 2
@@ -242,6 +248,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "ratio": statistics.median(t / b for t, b in zip(times["trainer"], times["bare"])),
             "pair_ratios": [t / b for t, b in zip(times["trainer"], times["bare"])],
             "mfu": mfu,
+            "peak_tflops": round(peak / 1e12, 2) if peak else None,
             "syncs": syncs,
         }
     finally:

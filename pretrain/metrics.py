@@ -15,6 +15,7 @@ import json
 import math
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ class MetricsLogger:
         self.enabled = enabled
         self.tb_interval = tb_interval
         self.pending: list[dict[str, Any]] = []  # step records not written yet
+        # `samples_digest` of 0-based steps, computed for a whole interval at once when its records are written
+        self.digests: Callable[[range], list[str]] | None = None
         self.attempt = 0
         self._tb = None
         self._bar = None
@@ -91,6 +94,10 @@ class MetricsLogger:
         if not self.enabled or not self.pending:
             return
         records, self.pending = self.pending, []
+        if self.digests is not None:
+            first = records[0]["step"] - 1  # the records of one process are consecutive steps
+            for record, digest in zip(records, self.digests(range(first, first + len(records))), strict=True):
+                record["samples_digest"] = digest
         self._append(self.metrics_path, *records)
         for record in records:
             if self._tb is not None and record["step"] % self.tb_interval == 0:

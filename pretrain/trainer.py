@@ -7,8 +7,9 @@ clear message instead of a hung or half-started job.
 One optimizer step t:
   active exits = group t mod G; lr = schedule(t) written into the param groups;
   for each of the `accum` micro-batches: dropout RNG <- f(seed, t, global micro index); forward; backward; step;
-  one all-reduce carries the step's statistics *and* the preemption vote (`StepStats`): all ranks stop together;
-  a non-finite loss or gradient norm stops every rank at that step, before anything is saved (guards.py).
+  one all-reduce carries the step's statistics, gradient norm and preemption vote (`StepStats`), read on the host
+  once (the step's only host sync of ours): all ranks stop together; a non-finite loss or norm stops every rank at
+  that step, before anything is saved (guards.py).
 Everything a resumed run needs is (step, consumed_samples) + DeepSpeed's model/optimizer state: data order, masking
 (per-sample seed), dropout (per-micro-step seed), lr and exit group (functions of step) are recomputed, not restored.
 
@@ -40,7 +41,7 @@ from .checkpoint import LATEST, read_latest
 from .checkpointer import Checkpointer, dump_weights, export_files_writer, nonfinite_weight_tensors
 from .config import RunConfig, validate, write_resolved_configs
 from .corpora import open_data
-from .data import Collator, RankBatches, SampleOrder, batch_digest, train_loader
+from .data import Collator, RankBatches, SampleOrder, batch_digests, train_loader
 from .ds_config import fill_ds_config, load_ds_json
 from .ds_runtime import import_deepspeed, quiet_deepspeed, set_op_build_arch
 from .evaluation import evaluate
@@ -157,6 +158,7 @@ class Trainer:
         self.metrics = MetricsLogger(
             self.run_dir, self.rank == 0, lg.tensorboard, lg.progress, self.end_step, self.step, lg.tb_interval
         )
+        self.metrics.digests = lambda steps: batch_digests(self.order, steps, self.layout.global_batch)
         self.peak = peak_flops(lg.peak_tflops, self.device, self.precision)
         self.samples_log = (
             open(self.run_dir / f"samples_rank{self.rank}.jsonl", "a", encoding="utf-8") if lg.log_samples else None
@@ -326,8 +328,6 @@ class Trainer:
             "world_size": self.world,
             **precision,
         }
-        if self.rank == 0:
-            record["samples_digest"] = batch_digest(self.order, self.step - 1, self.layout.global_batch)
         if self.peak:
             record["mfu"] = model_flops_utilization(
                 self.model_config, active, tokens, masked, self.layout.global_batch, elapsed, self.peak, self.world

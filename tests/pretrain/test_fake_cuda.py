@@ -343,6 +343,7 @@ def scenario(tmp_path: Path, corpus: Path, monkeypatch: Any, kind: str | None) -
 
     from finetune.checkpoint import rng_states, set_rng_states
     from finetune.model import resolve_device
+    from pretrain.data import train_loader
     from pretrain.trainer import Trainer
 
     where = tmp_path / (kind or "cpu")
@@ -374,6 +375,7 @@ def scenario(tmp_path: Path, corpus: Path, monkeypatch: Any, kind: str | None) -
             trainer._setup()
     finally:
         trainer.lock.release()
+    train_loader([], [], None, 0)  # built (not iterated): page-locked batches on a GPU
     resolve_device("auto", 0)
     set_rng_states(rng_states())
     model_step(caps.kind)
