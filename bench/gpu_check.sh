@@ -52,8 +52,8 @@ else
   PY=${PYTHON:-python3}
   unset EB_CHECK_DEVICE
   export DS_ACCELERATOR=cuda
-  OVERHEAD=(--sizes base --precisions bf16 --device cuda)
-  [ "$MODE" = full ] && OVERHEAD=(--sizes base --precisions bf16 fp16 --device cuda)
+  OVERHEAD=(--sizes base --precisions bf16 --device cuda --steps 6)
+  [ "$MODE" = full ] && OVERHEAD=(--sizes base --precisions bf16 fp16 --device cuda --steps 8)
   BENCH=(--device cuda)
   if [ -d .gpu_wheels ]; then
     "$PY" -m pip install -q --no-index --find-links .gpu_wheels -r .gpu_wheels/requirements.txt 2>&1 | tail -n 3

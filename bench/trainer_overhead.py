@@ -7,9 +7,9 @@ micro-batches from its loader, and times, in alternating rounds:
   trainer  `Trainer.optimizer_step`: everything a training step does (data from memory, host->device copies, the
            engine's forward/backward/step, the statistics, the one all-reduce and read, the guards, the record)
   bare     the same model (same initial weights), the same batches, precision and AdamW in a plain loop: forward,
-           backward (loss / accumulation), gradient clipping, the optimizer step; bf16 as DeepSpeed runs it (bf16
-           weights, fp32 master weights in the optimizer), fp32 as it is; torch's fused AdamW on a GPU (what the
-           trainer's default `optim.backend: torch` hands DeepSpeed), foreach on the CPU
+           backward (loss / accumulation), gradient clipping, the optimizer step; bf16 / fp16 as autocast (the
+           model's step as issue 51 measured it, bench/gpu_bench.py's), fp32 as it is; torch's fused AdamW on a GPU
+           (what the trainer's default `optim.backend: torch` hands DeepSpeed), foreach on the CPU
 
 at micro-batch 32 and gradient accumulation 2 (the 64-V100 layout: 32 x 2 x 64 ranks = 4,096), then counts the host
 syncs of a few steps of each (`bench/host_syncs.py`: per step, by origin, with where each comes from). Prints the
@@ -103,7 +103,9 @@ def run_config(size: str, precision: str, corpus: Path, micro: int, accum: int, 
 
 
 class BareLoop:
-    """The model's own optimizer step: what the trainer's engine computes, without the trainer or DeepSpeed."""
+    """The model's own optimizer step, as issue 51 measured it (and bench/gpu_bench.py does): fp32 weights under
+    autocast in bf16 / fp16 (fp16 with a gradient scaler), the loss / accumulation backward per micro-batch, gradient
+    clipping, torch's AdamW (fused on a GPU, foreach on the CPU), no DeepSpeed, no trainer."""
 
     def __init__(self, model: Any, precision: str, device: str, optim: Any, accum: int, equilibrium: bool) -> None:
         import torch
@@ -113,13 +115,9 @@ class BareLoop:
         self.torch, self.device, self.accum, self.equilibrium = torch, device, accum, equilibrium
         self.model = model.to(device).train()
         self.clip = float(optim.grad_clip)
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        self.scaler = torch.amp.GradScaler(device.split(":")[0], enabled=precision == "fp16")
         groups = param_groups(self.model, optim.weight_decay)
-        self.mixed = precision == "bf16"
-        if self.mixed:  # DeepSpeed's bf16: bf16 weights and gradients, the update on fp32 master weights
-            self.model.to(torch.bfloat16)
-            self.pairs = [(p, p.detach().float().clone().requires_grad_(True)) for g in groups for p in g["params"]]
-            master = dict((id(p), m) for p, m in self.pairs)
-            groups = [{**g, "params": [master[id(p)] for p in g["params"]]} for g in groups]
         self.params = [p for g in groups for p in g["params"]]
         cuda = device.startswith("cuda")
         self.optimizer = torch.optim.AdamW(
@@ -133,21 +131,17 @@ class BareLoop:
 
     def step(self, micro_batches: list[dict[str, Any]], active: tuple[int, ...]) -> None:
         torch = self.torch
+        kind = self.device.split(":")[0]
         for batch in micro_batches:
             batch = {k: t.to(self.device, non_blocking=True) for k, t in batch.items() if k != "keys"}
-            out = self.model(**batch, active_exits=active, gradient_equilibrium=self.equilibrium)
-            (out.loss / self.accum).backward()
-        if self.mixed:
-            for p, m in self.pairs:  # an exit outside the step's group has no gradient
-                m.grad = p.grad.float() if p.grad is not None else None
-                p.grad = None
+            with torch.autocast(kind, dtype=self.dtype or torch.float32, enabled=self.dtype is not None):
+                out = self.model(**batch, active_exits=active, gradient_equilibrium=self.equilibrium)
+            self.scaler.scale(out.loss / self.accum).backward()
+        self.scaler.unscale_(self.optimizer)
         torch.nn.utils.clip_grad_norm_(self.params, self.clip, foreach=True)
-        self.optimizer.step()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.mixed:
-            with torch.no_grad():
-                for p, m in self.pairs:
-                    p.copy_(m)
 
 
 def _sync(device: str) -> None:

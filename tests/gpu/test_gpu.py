@@ -37,7 +37,7 @@ def train_args(corpus: Path, out: Path, precision: str, compiled: bool, device: 
         f"train.train_steps={STEPS}",
         f"train.precision={precision}",
         "train.ds_config=ds_configs/zero1.json",
-        "checkpoint.interval=2",
+        "checkpoint.interval=3",  # saves at 3 (where the split run stops) and 6
         "logging.tensorboard=false",
         "logging.progress=false",
         "optim.warmup_steps=1",
