@@ -1,4 +1,4 @@
-"""The GPU half of bench/gpu_check.sh: what the project's figures look like on an accelerator, in ≤ ~4 minutes.
+"""The GPU half of bench/gpu_check.sh: what the project's figures look like on an accelerator, and the check's report.
 
 1. Pre-training step at ElasticBERT-base size (hidden 768, 12 layers, bert-base vocab): seq 128 and 512, MLM logits
    at masked positions only (the model's own sparse head), bf16 autocast where the GPU has it (else fp16 autocast),
@@ -9,7 +9,12 @@
    entropy rule spreads samples over the exits: the speed-up ratio needs exits, not accuracy), entropy thresholds
    picked for ≈ 1.5×, 2× and 3× fewer FLOPs; wall-time speed-up ÷ FLOPs speed-up at batch 1 and 32, the full
    model's own forward on the same batches as the reference.
-`--device cpu --quick` runs the same code at toy sizes (CI's smoke test of bench/gpu_check.sh).
+`--device cpu --quick` runs the same code at toy sizes (CI's smoke test of bench/gpu_check.sh). `--parts` picks what
+runs (none: only the report, gpu_check.sh --fast).
+
+The report (OUTPUT/gpu_check.md, printed) ends with ONE table, the check's verdict: every test (pass / fail / skip,
+seconds), the trainer's optimizer step against the bare model step (bench/trainer_overhead.py: the ratio, goal
+<= 1.10; host syncs per step; MFU of both), and the model step's MFU when measured here.
 """
 
 from __future__ import annotations
@@ -222,6 +227,7 @@ def _cases(junit: Path) -> list[dict]:
                 break
         else:
             cases.append({"test": case.get("name"), "state": state})
+        cases[-1]["seconds"] = float(case.get("time") or 0)
     return cases
 
 
@@ -238,64 +244,135 @@ def environment(device: str) -> dict:
     return env
 
 
-def report(results: dict) -> str:
-    lines = [f"# GPU check — {results['environment'].get('name', results['environment']['device'])}", ""]
-    tests = results.get("tests", {})
-    if tests:
+CHECK_NAMES = {  # test -> the check it is in the table
+    "test_the_preflight_passes_on_this_node": "preflight on this node (pretrain preflight)",
+    "test_deepspeed_steps_train_and_resume_exactly[bf16-False]": "bf16 train -> resume through the CLI",
+    "test_deepspeed_steps_train_and_resume_exactly[fp16-False]": "fp16 train -> resume through the CLI",
+    "test_deepspeed_steps_train_and_resume_exactly[bf16-True]": "bf16 compiled train -> resume",
+    "test_the_export_loads": "export -> load",
+    "test_early_exit_agrees_between_cpu_and_gpu": "early exit: CPU and GPU agree",
+    "test_fused_adam_is_built_for_this_gpu_and_takes_the_default_optimizers_step": "FusedAdam built for this GPU",
+    "test_attention_needs_no_flash_kernel_in_fp16": "fp16 attention without flash (V100's kernels)",
+}
+RATIO_GOAL = 1.10
+
+
+def _detail_tables(results: dict) -> list[str]:
+    lines: list[str] = []
+    if results.get("pretrain"):
         lines += [
-            f"Tests: {sum(c['state'] == 'passed' for c in tests['cases'])} passed, {tests['failed']} failed, "
-            f"{sum(c['state'] == 'skipped' for c in tests['cases'])} skipped",
+            "Model step alone (fused AdamW, autocast):",
             "",
+            "| seq | G | compiled | batch | step | tokens/s | useful TFLOP/s | MFU | dtype |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
-        lines += [f"- {c['test']}: {c['state']} {c.get('message', '')}" for c in tests["cases"]] + [""]
-    lines += [
-        "| seq | G | compiled | batch | step | tokens/s | useful TFLOP/s | MFU | dtype |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results["pretrain"]:
-        mfu = f"{r['mfu']:.0%}" if r["mfu"] is not None else "–"
-        lines.append(
-            f"| {r['seq']} | {r['groups']} | {'yes' if r['compiled'] else 'no'} | {r['batch']} | "
-            f"{r['step_s'] * 1e3:.1f} ms | {r['tokens_per_s']:,.0f} | {r['useful_tflops']:.1f} | {mfu} | {r['dtype']} |"
+        for r in results["pretrain"]:
+            mfu = f"{r['mfu']:.0%}" if r["mfu"] is not None else "–"
+            lines.append(
+                f"| {r['seq']} | {r['groups']} | {'yes' if r['compiled'] else 'no'} | {r['batch']} | "
+                f"{r['step_s'] * 1e3:.1f} ms | {r['tokens_per_s']:,.0f} | {r['useful_tflops']:.1f} | {mfu} | "
+                f"{r['dtype']} |"
+            )
+        for seq in sorted({r["seq"] for r in results["pretrain"]}):
+            g = {(r["groups"], r["compiled"]): r for r in results["pretrain"] if r["seq"] == seq}
+            if (1, False) in g and (2, False) in g:
+                lines.append(
+                    f"\nseq {seq}: G=2 step {g[1, False]['step_s'] / g[2, False]['step_s']:.2f}× faster than G=1"
+                )
+            if (2, True) in g and (2, False) in g:
+                lines.append(f"seq {seq}: train.compile step {g[2, False]['step_s'] / g[2, True]['step_s']:.2f}× eager")
+        lines.append("")
+    if results.get("early_exit"):
+        lines += ["| batch | entropy τ | FLOPs speed-up | wall speed-up | wall ÷ FLOPs |", "|---|---|---|---|---|"]
+        for r in results["early_exit"]:
+            lines.append(
+                f"| {r['batch']} | {r['threshold']} | {r['flops_speedup']:.2f}× | {r['wall_speedup']:.2f}× | "
+                f"{r['ratio']:.2f} |"
+            )
+        lines.append("")
+    return lines
+
+
+def verdict_rows(results: dict) -> list[tuple[str, str, str, str]]:
+    """(check, result, detail, seconds) for the final table."""
+    rows = []
+    for c in results.get("tests", {}).get("cases", []):
+        state = {"passed": "pass", "failed": "FAIL", "error": "FAIL", "skipped": "skip"}[c["state"]]
+        detail = c.get("message", "")[:160].replace("|", "/").replace("\n", " ")
+        rows.append((CHECK_NAMES.get(c["test"], c["test"]), state, detail, f"{c.get('seconds', 0):.0f}"))
+    for r in results.get("overhead", []):
+        shape = f"{r['precision']}, h{r['hidden']} L{r['layers']}, seq {r['seq']}, "
+        shape += f"micro {r['micro_batch']} x {r['accumulation']}"
+        met = "pass" if r["ratio"] <= RATIO_GOAL else "over goal"
+        step = f"trainer {r['step_s']['trainer'] * 1e3:.1f} ms, model {r['step_s']['bare'] * 1e3:.1f} ms"
+        rows.append(
+            (f"trainer step ÷ model step ({shape})", f"{met}: {r['ratio']:.2f}x (goal <= {RATIO_GOAL})", step, "")
         )
-    for seq in sorted({r["seq"] for r in results["pretrain"]}):
-        g = {(r["groups"], r["compiled"]): r for r in results["pretrain"] if r["seq"] == seq}
-        if (1, False) in g and (2, False) in g:
-            lines.append(f"\nseq {seq}: G=2 step {g[1, False]['step_s'] / g[2, False]['step_s']:.2f}× faster than G=1")
-        if (2, True) in g and (2, False) in g:
-            lines.append(f"seq {seq}: train.compile step {g[2, False]['step_s'] / g[2, True]['step_s']:.2f}× eager")
-    lines += ["", "| batch | entropy τ | FLOPs speed-up | wall speed-up | wall ÷ FLOPs |", "|---|---|---|---|---|"]
-    for r in results["early_exit"]:
-        lines.append(
-            f"| {r['batch']} | {r['threshold']} | {r['flops_speedup']:.2f}× | {r['wall_speedup']:.2f}× | "
-            f"{r['ratio']:.2f} |"
+        per = r["syncs"]["trainer"]["per_step"]
+        mean = {o: sum(v) / max(len(v), 1) for o, v in per.items()}
+        ours = "pass" if mean["trainer"] <= 1 else "FAIL"
+        counts = f"{mean['trainer']:.0f} / {mean['model']:.0f} / {mean['deepspeed']:.0f}"
+        rows.append(
+            (
+                "host syncs per step: trainer's code / model / DeepSpeed",
+                f"{ours}: {counts}",
+                r["syncs"].get("how", ""),
+                "",
+            )
         )
+        mfu = " / ".join(f"{v:.1%}" if v is not None else "–" for v in (r["mfu"]["trainer"], r["mfu"]["bare"]))
+        rows.append((f"MFU trainer / model ({r['precision']})", mfu, f"peak {r.get('peak_tflops') or '?'} TFLOP/s", ""))
+    best = [r for r in results.get("pretrain") or [] if r["mfu"] is not None]
+    if best:
+        top = max(best, key=lambda r: r["mfu"])
+        rows.append(("model step MFU, best shape", f"{top['mfu']:.1%}", f"seq {top['seq']}, G={top['groups']}", ""))
+    for name, seconds, code in results.get("parts", []):
+        rows.append((f"part: {name}", "pass" if code == 0 else f"FAIL (exit {code})", "", f"{seconds:.0f}"))
+    return rows
+
+
+def report(results: dict) -> str:
+    env = results["environment"]
+    lines = [f"# GPU check — {env.get('name', env['device'])} ({env.get('mode', 'full')})", ""]
+    lines += _detail_tables(results)
+    lines += ["| check | result | detail | s |", "|---|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in verdict_rows(results)]
     return "\n".join(lines) + "\n"
+
+
+def failed(results: dict) -> bool:
+    """A test that failed, a part that crashed, or the trainer's code making more than one host sync a step."""
+    return any(row[1].startswith("FAIL") for row in verdict_rows(results))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--quick", action="store_true", help="toy sizes (the CPU smoke test)")
-    ap.add_argument(
-        "--tests-junit",
-        type=Path,
-        nargs="*",
-        default=None,
-        help="pytest -m gpu's junit XML files, folded into the report",
-    )
+    ap.add_argument("--parts", nargs="*", default=["model", "early_exit"], choices=["model", "early_exit"])
+    ap.add_argument("--mode", default="full", help="the gpu_check.sh mode, for the report's title")
+    ap.add_argument("--tests-junit", type=Path, nargs="*", default=None, help="pytest -m gpu's junit XML files")
+    ap.add_argument("--overhead", type=Path, default=None, help="bench/trainer_overhead.py's trainer_overhead.json")
+    ap.add_argument("--timings", type=Path, default=None, help="gpu_check.sh's parts: NAME<TAB>SECONDS<TAB>EXIT lines")
     ap.add_argument("--output", type=Path, required=True)
     args = ap.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)
-    results = {"environment": environment(args.device), "tests": test_results(args.tests_junit)}
+    results = {"environment": {**environment(args.device), "mode": args.mode}, "tests": test_results(args.tests_junit)}
+    if args.overhead is not None and args.overhead.is_file():
+        results["overhead"] = json.loads(args.overhead.read_text())
+    if args.timings is not None and args.timings.is_file():
+        rows = [line.split("\t") for line in args.timings.read_text().splitlines() if line.strip()]
+        results["parts"] = [(name, float(seconds), int(code)) for name, seconds, code in rows]
     seqs = (32,) if args.quick else (128, 512)
-    results["pretrain"] = [pretrain_step(args.device, seq, g, args.quick) for seq in seqs for g in (2, 1)]
-    results["pretrain"].append(pretrain_step(args.device, seqs[0], 2, args.quick, compiled=True))
-    results["early_exit"] = early_exit_ratios(args.device, args.quick)
+    if "model" in args.parts:
+        results["pretrain"] = [pretrain_step(args.device, seq, g, args.quick) for seq in seqs for g in (2, 1)]
+        results["pretrain"].append(pretrain_step(args.device, seqs[0], 2, args.quick, compiled=True))
+    if "early_exit" in args.parts:
+        results["early_exit"] = early_exit_ratios(args.device, args.quick)
     (args.output / "gpu_check.json").write_text(json.dumps(results, indent=1))
     (args.output / "gpu_check.md").write_text(report(results))
     print(report(results))
-    return 1 if results["tests"].get("failed") else 0
+    return 1 if failed(results) else 0
 
 
 if __name__ == "__main__":

@@ -1,48 +1,100 @@
 #!/usr/bin/env bash
-# bench/gpu_check.sh OUTPUT_DIR [--cpu] — the one prepared script for a GPU at hand (≤ 8 min on one modern GPU).
+# bench/gpu_check.sh OUTPUT_DIR [--fast | --full] [--cpu] [--list] — the one prepared script for a lent GPU.
 #
-#   0. tests/gpu/test_first_contact.py: `pretrain preflight` on this node, torch's fused AdamW vs FusedAdam, fp16
-#      attention without flash (a V100's kernels)                      -> OUTPUT_DIR/first_contact.{log,xml}
-#   1. the environment (torch, CUDA, device, bf16 support)            -> OUTPUT_DIR/gpu_check.json "environment"
-#   2. pytest -m gpu tests/gpu: a bf16 and an fp16 DeepSpeed step on NCCL with 1 process, save -> load -> continue
-#      equal to an uninterrupted run, early-exit predictions equal between CPU and GPU
-#   3. bench/gpu_bench.py: the pre-training step at base size (seq 128 and 512, masked-only heads, MFU against the
-#      device's peak, G=2 vs G=1, and train.compile's path at seq 128) and early exit's wall ÷ FLOPs speed-up at
-#      batch 1 and 32
-#   -> OUTPUT_DIR/gpu_check.json + gpu_check.md (+ the tests' junit XML and logs); exit 1 if a test failed.
+#   --fast  (≤ 2 min on one modern GPU): `pretrain preflight` on this node; bf16 and fp16 DeepSpeed training at
+#           ElasticBERT-base size (seq 128, micro-batch 32, accumulation 2) -> resume through the CLI, equal to an
+#           uninterrupted run (all runs launched at once); the export loads; early exit agrees between CPU and GPU;
+#           the trainer's optimizer step against the bare model step (bench/trainer_overhead.py, bf16: the ratio,
+#           host syncs per step from CUDA's sync debug mode, MFU).
+#   --full  (the default, ≤ 4 min): the same, plus the compiled bf16 train -> resume, DeepSpeed's FusedAdam built
+#           by the preflight for this GPU's arch (started in the background first) against torch's fused AdamW,
+#           fp16 attention without flash, the overhead bench in fp16 too, and bench/gpu_bench.py (the model step's
+#           MFU at seq 128/512, G=2 vs G=1, train.compile; early exit's wall ÷ FLOPs speed-up at batch 1 and 32).
+#   --cpu   the same on the CPU at toy sizes, with this checkout's .venv (CI runs `--cpu --fast`).
+#   --list  print the parts of the mode and exit.
 #
-# --cpu: the same on the CPU at toy sizes, with this checkout's .venv (CI's smoke test of the script itself).
+# Ends with one table (OUTPUT_DIR/gpu_check.md, also printed): each check, pass/fail/skip and its seconds, the
+# trainer-vs-model ratio (goal ≤ 1.10), host syncs per step, MFU. Exit 1 if a check failed or a part crashed.
 # On a GPU box whose Python lacks DeepSpeed (the lent H200 image has none and no network), first run
 # `bash bench/gpu_wheels.sh` here and carry .gpu_wheels/: this script installs from it, offline.
-set -euo pipefail
-OUT=${1:?usage: bench/gpu_check.sh OUTPUT_DIR [--cpu]}
-MODE=${2:-gpu}
-cd "$(dirname "$0")/.."
-mkdir -p "$OUT"
+set -uo pipefail
+OUT=${1:?usage: bench/gpu_check.sh OUTPUT_DIR [--fast | --full] [--cpu] [--list]}
+shift
+MODE=full
+DEVICE=cuda
+LIST=0
+for arg in "$@"; do
+  case "$arg" in
+    --fast) MODE=fast ;;
+    --full) MODE=full ;;
+    --cpu) DEVICE=cpu ;;
+    --list) LIST=1 ;;
+    *) echo "gpu_check: unknown option $arg (want --fast, --full, --cpu, --list)" >&2; exit 2 ;;
+  esac
+done
+cd "$(dirname "$0")/.." || exit 2
+PARTS="corpus tests overhead report"
+[ "$MODE" = full ] && PARTS="corpus fused-adam-build tests overhead model-bench report"
+if [ "$LIST" = 1 ]; then
+  echo "gpu_check $MODE on $DEVICE: $PARTS"
+  exit 0
+fi
+mkdir -p "$OUT" || exit 2
+OUT=$(cd "$OUT" && pwd)
 START=$(date +%s)
-if [ "$MODE" = --cpu ]; then
+: >"$OUT/parts.tsv"
+if [ "$DEVICE" = cpu ]; then
   PY=${PYTHON:-.venv/bin/python}
   export EB_CHECK_DEVICE=cpu DS_ACCELERATOR=cpu OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-  BENCH_ARGS=(--device cpu --quick)
+  OVERHEAD=(--sizes tiny --precisions bf16 --quick --device cpu --micro-batch 4 --seq 64)
+  BENCH=(--device cpu --quick)
 else
   PY=${PYTHON:-python3}
   unset EB_CHECK_DEVICE
   export DS_ACCELERATOR=cuda
-  BENCH_ARGS=(--device cuda)
+  OVERHEAD=(--sizes base --precisions bf16 --device cuda --steps 6)
+  [ "$MODE" = full ] && OVERHEAD=(--sizes base --precisions bf16 fp16 --device cuda --steps 8)
+  BENCH=(--device cuda)
   if [ -d .gpu_wheels ]; then
     "$PY" -m pip install -q --no-index --find-links .gpu_wheels -r .gpu_wheels/requirements.txt 2>&1 | tail -n 3
   fi
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+
+part() { # part NAME COMMAND...: run it, log to OUT/NAME.log, record its seconds and exit code
+  local name=$1 t0 code
+  shift
+  t0=$(date +%s)
+  echo "== $name ($(($(date +%s) - START)) s in)"
+  "$@" >"$OUT/$name.log" 2>&1
+  code=$?
+  tail -n 5 "$OUT/$name.log"
+  printf '%s\t%s\t%s\n' "$name" "$(($(date +%s) - t0))" "$code" >>"$OUT/parts.tsv"
+}
+
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
-status=0
-# 0. first contact: the node's preflight (GPUs, torch build, precision), the default optimizer's kernel, attention
-#    without flash in fp16 (as on a V100) — first, so a broken build is named before anything else runs
-"$PY" -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu/test_first_contact.py --junitxml "$OUT/first_contact.xml" \
-  2>&1 | tee "$OUT/first_contact.log" || status=$?
-"$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu --ignore tests/gpu/test_first_contact.py \
-  --junitxml "$OUT/gpu_tests.xml" 2>&1 | tee "$OUT/gpu_tests.log" || status=$?
-"$PY" bench/gpu_bench.py "${BENCH_ARGS[@]}" --tests-junit "$OUT/first_contact.xml" "$OUT/gpu_tests.xml" --output "$OUT" 2>&1 \
-  | tee "$OUT/gpu_bench.log" || status=$?
-echo "gpu_check: $(($(date +%s) - START)) s, report in $OUT/gpu_check.md (exit $status)"
+part corpus "$PY" -c "import sys; from pathlib import Path; sys.path.insert(0, '.');
+from bench.trainer_overhead import synthetic_corpus; synthetic_corpus(Path('$OUT/corpus'))"
+export EB_CHECK_CORPUS="$OUT/corpus/prepared"
+if [ "$MODE" = full ] && [ "$DEVICE" = cuda ]; then
+  # DeepSpeed's FusedAdam for this GPU's arch, built while the tests start (the preflight test then loads it)
+  "$PY" -c "from pretrain.ds_runtime import quiet_deepspeed, set_op_build_arch; print(set_op_build_arch());
+quiet_deepspeed('cuda'); from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()" \
+    >"$OUT/fused-adam-build.log" 2>&1 &
+fi
+MARK="gpu and not gpu_full"
+[ "$MODE" = full ] && MARK="gpu"
+part tests "$PY" -m pytest -q -s -p no:cacheprovider -m "$MARK" tests/gpu/test_first_contact.py tests/gpu/test_gpu.py \
+  --junitxml "$OUT/gpu_tests.xml"
+part overhead "$PY" bench/trainer_overhead.py "${OVERHEAD[@]}" --data "$EB_CHECK_CORPUS" --output "$OUT"
+PARTS_ARG=(--parts)
+if [ "$MODE" = full ]; then
+  PARTS_ARG=(--parts model early_exit)
+fi
+wait
+echo "== report ($(($(date +%s) - START)) s in)"
+"$PY" bench/gpu_bench.py "${BENCH[@]}" "${PARTS_ARG[@]}" --mode "$MODE" --tests-junit "$OUT/gpu_tests.xml" \
+  --overhead "$OUT/trainer_overhead.json" --timings "$OUT/parts.tsv" --output "$OUT" 2>&1 | tee "$OUT/report.log"
+status=${PIPESTATUS[0]}
+echo "gpu_check $MODE: $(($(date +%s) - START)) s, report in $OUT/gpu_check.md (exit $status)"
 exit "$status"

@@ -142,13 +142,20 @@ def arch_covers(capability: tuple[int, int], arch_list: list[str]) -> bool:
     return False
 
 
+def min_driver_for(torch_cuda: str) -> int | None:
+    """The oldest NVIDIA driver (major version) that runs a torch built with CUDA `torch_cuda` ('12.6' -> 525, '13.0'
+    -> 580: CUDA's minor-version compatibility covers a major's later minors); None for a CUDA our table lacks."""
+    major = torch_cuda.split(".")[0]
+    return next((b.min_driver for b in BUILDS.values() if b.cuda and b.cuda.split(".")[0] == major), None)
+
+
 def build_problem(
-    capability: tuple[int, int], arch_list: list[str], torch_cuda: str | None, driver_cuda: tuple[int, int] | None
+    capability: tuple[int, int], arch_list: list[str], torch_cuda: str | None, driver: str | None
 ) -> str | None:
     """Why this torch cannot run on this GPU (None when it can), as one line with the fix.
 
-    `driver_cuda` is the CUDA version the driver supports (torch._C._cuda_getDriverVersion, e.g. (12, 4)); a driver of
-    an older major than the build's CUDA cannot load it (CUDA's minor-version compatibility stops at the major)."""
+    `driver` is the NVIDIA driver version as `nvidia-smi` reports it ('580.65.06'); None or '' when unknown, and
+    then the driver is not checked (`running_build_check` says so in a note)."""
     cap = f"{capability[0]}.{capability[1]}"
     fix = plan_build(GpuInventory((capability,)))
     install = f"TORCH_CUDA={fix.build.name} make install ({' '.join(fix.build.pip_command()[1:])})"
@@ -160,10 +167,12 @@ def build_problem(
             f"torch {_torch_version()} (CUDA {torch_cuda}) has no kernels for compute capability {cap} (it has: "
             f"{have}); every CUDA kernel would fail with 'no kernel image is available': {install}"
         )
-    if driver_cuda is not None and driver_cuda[0] < int(torch_cuda.split(".")[0]):
+    need = min_driver_for(torch_cuda)
+    have_major = GpuInventory((), driver or "").driver_major
+    if need is not None and have_major is not None and have_major < need:
         return (
-            f"the NVIDIA driver supports CUDA {driver_cuda[0]}.{driver_cuda[1]}, older than this torch's CUDA "
-            f"{torch_cuda}: update the driver, or install the CUDA 12.6 build (TORCH_CUDA=cu126 make install)"
+            f"the NVIDIA driver {driver} is older than torch's CUDA {torch_cuda} needs (driver >= {need}): update "
+            "the driver, or install the CUDA 12.6 build (TORCH_CUDA=cu126 make install; it needs driver >= 525)"
         )
     return None
 
@@ -173,23 +182,60 @@ def _torch_version() -> str:
     return getattr(torch, "__version__", "?")
 
 
-def running_build_problem(local_rank: int = 0) -> str | None:
-    """`build_problem` for the GPU this rank will use and the torch that is running (None on a machine without a
-    visible CUDA GPU, or when the build covers it). Reads device properties only: no CUDA context is created."""
+def query_driver(nvidia_smi: str = "nvidia-smi") -> str | None:
+    """The NVIDIA driver version from `nvidia-smi --query-gpu=driver_version` (e.g. '580.65.06'), a public and stable
+    source; None when nvidia-smi is missing, fails, times out or prints something that is not a version. Never
+    raises: the caller treats None as unknown."""
+    exe = shutil.which(nvidia_smi)
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    first = out.stdout.strip().splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else ""
+    return first if first.split(".")[0].isdigit() else None
+
+
+@dataclass(frozen=True)
+class BuildCheck:
+    """The run-time check of the torch build against this rank's GPU: the problem (None: it runs) and notes on what
+    could not be checked."""
+
+    problem: str | None = None
+    notes: tuple[str, ...] = ()
+
+
+DRIVER_UNKNOWN = (
+    "the NVIDIA driver version is unknown (nvidia-smi missing, failing or unreadable): the driver check was skipped"
+)
+
+
+def running_build_check(local_rank: int = 0) -> BuildCheck:
+    """`build_problem` for the GPU this rank will use and the torch that is running (no problem on a machine without
+    a visible CUDA GPU, or when the build covers it). Reads device properties and `nvidia-smi` only: no CUDA context
+    is created, no private torch function is called."""
     import torch
 
     if torch.version.cuda is None or not torch.cuda.is_available():
-        if torch.version.cuda is not None and query_gpus().capabilities:
-            return (
+        if torch.version.cuda is not None and query_driver() is not None:
+            return BuildCheck(
                 f"nvidia-smi lists GPUs but torch {torch.__version__} (CUDA {torch.version.cuda}) cannot use them: "
                 "the driver is likely older than this build needs (CUDA 13 needs driver >= 580): update it or "
                 "install the CUDA 12.6 build (TORCH_CUDA=cu126 make install)"
             )
-        return None
+        return BuildCheck()
     props = torch.cuda.get_device_properties(local_rank % torch.cuda.device_count())
-    driver = torch._C._cuda_getDriverVersion()  # e.g. 12040
-    driver_cuda = (driver // 1000, driver % 1000 // 10) if driver else None
-    return build_problem((props.major, props.minor), torch.cuda.get_arch_list(), torch.version.cuda, driver_cuda)
+    driver = query_driver()
+    problem = build_problem((props.major, props.minor), torch.cuda.get_arch_list(), torch.version.cuda, driver)
+    return BuildCheck(problem, () if driver else (DRIVER_UNKNOWN,))
+
+
+def running_build_problem(local_rank: int = 0) -> str | None:
+    """`running_build_check(local_rank).problem`."""
+    return running_build_check(local_rank).problem
 
 
 def installed_build(python: str) -> tuple[str, str | None] | None:
@@ -209,8 +255,10 @@ class TorchBuildError(UserError):
     """The installed torch cannot run on this node's GPU (refused before any rank starts work)."""
 
 
-def require_runnable_build(local_rank: int = 0) -> None:
-    """Raise `TorchBuildError` (one line, with the install command that fixes it) when `running_build_problem`."""
-    problem = running_build_problem(local_rank)
-    if problem:
-        raise TorchBuildError(problem)
+def require_runnable_build(local_rank: int = 0) -> tuple[str, ...]:
+    """Raise `TorchBuildError` (one line, with the install command that fixes it) when the build cannot run here;
+    else the notes of `running_build_check` (what could not be checked)."""
+    check = running_build_check(local_rank)
+    if check.problem:
+        raise TorchBuildError(check.problem)
+    return check.notes

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.torch_private import safe_softmax
+
 
 @torch.library.custom_op("elasticbert::dropout_noise", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
 def dropout_noise(like: torch.Tensor, p: float) -> torch.Tensor:
@@ -59,5 +61,5 @@ def scaled_dot_product_attention(
     scores = (query * root_scale) @ (key.transpose(-2, -1) * root_scale)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.ops.aten._safe_softmax.default(scores, -1)
+    probs = safe_softmax(scores, -1)
     return (probs * dropout_noise(probs.detach(), dropout_p)) @ value

@@ -105,6 +105,9 @@ def fill_ds_config(
     if o.name == "lamb" and device != "cuda":
         problems.append("optim.name=lamb uses DeepSpeed's FusedLamb, which needs CUDA; use adamw on CPU")
     ds.setdefault("steps_per_print", 10**9)
+    # DeepSpeed's throughput timer synchronizes the device at the start and end of every micro-batch (two host syncs
+    # each); its figure is never read (metrics.jsonl times the step), so it is off unless the JSON asks for it
+    ds.setdefault("timers", {"throughput": {"enabled": False}})
     if cfg.logging.comm_timing:  # DeepSpeed's comms profiler, read per step by pretrain.rank_report.CommTimer
         ds["comms_logger"] = {"enabled": True, "prof_all": True, "verbose": False, "debug": False}
     return fill.done(), layout

@@ -1,6 +1,13 @@
 """Rank-0 metrics: RUN/metrics.jsonl (one line per optimizer step, machine-readable, compared by tests and the Slurm
 scripts), RUN/events.jsonl (start / resume / checkpoint / preemption / end), RUN/eval.jsonl, TensorBoard scalars,
-and a tqdm bar. Other ranks get a logger whose methods do nothing, so call sites need no rank checks."""
+and a tqdm bar. Other ranks get a logger whose methods do nothing, so call sites need no rank checks.
+
+Step records are written every `logging.tb_interval` steps, all of the interval's at once (one append, the
+TensorBoard scalars, the bar): between two writes the host does no file work, which on a GPU it would do while the
+device waits for the next step's kernels. Every record is written, in order: the buffer is written before any event
+(a checkpoint, a preemption, a divergence, the end) and when the logger closes (also after an error), so the
+records up to every checkpoint are on disk when it is; a killed process loses at most the records of steps after
+its last checkpoint, which the resumed run trains and logs again."""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ import json
 import math
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +43,9 @@ class MetricsLogger:
     ) -> None:
         self.enabled = enabled
         self.tb_interval = tb_interval
+        self.pending: list[dict[str, Any]] = []  # step records not written yet
+        # `samples_digest` of 0-based steps, computed for a whole interval at once when its records are written
+        self.digests: Callable[[range], list[str]] | None = None
         self.attempt = 0
         self._tb = None
         self._bar = None
@@ -57,58 +68,65 @@ class MetricsLogger:
 
             self._bar = tqdm(total=total_steps, initial=start_step, desc="pretrain", unit="step", dynamic_ncols=True)
 
-    def _append(self, path: Path, record: dict[str, Any]) -> None:
+    def _append(self, path: Path, *records: dict[str, Any]) -> None:
         try:
             with open(path, "a", encoding="utf-8") as f:
-                f.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+                f.write("".join(json.dumps({k: _jsonable(v) for k, v in r.items()}) + "\n" for r in records))
                 f.flush()
         except OSError as e:
             raise RunWriteError(f"cannot append to {path}: {describe_write_error(e)}") from None
 
     def event(self, name: str, **fields: Any) -> None:
         if self.enabled:
+            self.flush()
             self._append(self.events_path, {"event": name, "attempt": self.attempt, "time": time.time(), **fields})
 
     def step(self, record: dict[str, Any]) -> None:
-        """One optimizer step: jsonl always; TensorBoard every tb_interval steps; the progress bar."""
+        """One optimizer step's record: kept, and written with the others of its interval at its end (`flush`)."""
         if not self.enabled:
             return
-        self._append(self.metrics_path, {**record, "attempt": self.attempt})
-        step = record["step"]
-        if self._tb is not None and step % self.tb_interval == 0:
-            tb = self._tb
-            tb.add_scalar("train/loss", record["loss"], step)
-            keys = (
-                "lr",
-                "grad_norm",
-                "tokens_per_s",
-                "mfu",
-                "data_wait_s",
-                "step_time_s",
-                "loss_scale",
-                "skipped_steps",
-            )
-            for key in keys:
-                if record.get(key) is not None:
-                    tb.add_scalar(f"train/{key}", record[key], step)
-            for i, layer in enumerate(record["active_exits"]):
-                tb.add_scalar(f"mlm_loss/exit_{layer:02d}", record["mlm_loss"][i], step)
-                tb.add_scalar(f"mlm_accuracy/exit_{layer:02d}", record["mlm_accuracy"][i], step)
-                tb.add_scalar(f"sop_loss/exit_{layer:02d}", record["sop_loss"][i], step)
-                tb.add_scalar(f"sop_accuracy/exit_{layer:02d}", record["sop_accuracy"][i], step)
+        self.pending.append({**record, "attempt": self.attempt})
+        if record["step"] % self.tb_interval == 0:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the kept step records: metrics.jsonl (every one), TensorBoard (the steps on the interval), the bar."""
+        if not self.enabled or not self.pending:
+            return
+        records, self.pending = self.pending, []
+        if self.digests is not None:
+            first = records[0]["step"] - 1  # the records of one process are consecutive steps
+            for record, digest in zip(records, self.digests(range(first, first + len(records))), strict=True):
+                record["samples_digest"] = digest
+        self._append(self.metrics_path, *records)
+        for record in records:
+            if self._tb is not None and record["step"] % self.tb_interval == 0:
+                self._scalars(record)
         if self._bar is not None:
-            self._bar.update(1)
+            last = records[-1]
+            self._bar.update(len(records))
             self._bar.set_postfix(
-                loss=f"{record['loss']:.3f}",
-                lr=f"{record['lr']:.2e}",
-                tok_s=f"{record.get('tokens_per_s') or 0:.0f}",
-                refresh=False,
+                loss=f"{last['loss']:.3f}", lr=f"{last['lr']:.2e}", tok_s=f"{last.get('tokens_per_s') or 0:.0f}"
             )
+
+    def _scalars(self, record: dict[str, Any]) -> None:
+        tb, step = self._tb, record["step"]
+        tb.add_scalar("train/loss", record["loss"], step)
+        keys = ("lr", "grad_norm", "tokens_per_s", "mfu", "data_wait_s", "step_time_s", "loss_scale", "skipped_steps")
+        for key in keys:
+            if record.get(key) is not None:
+                tb.add_scalar(f"train/{key}", record[key], step)
+        for i, layer in enumerate(record["active_exits"]):
+            tb.add_scalar(f"mlm_loss/exit_{layer:02d}", record["mlm_loss"][i], step)
+            tb.add_scalar(f"mlm_accuracy/exit_{layer:02d}", record["mlm_accuracy"][i], step)
+            tb.add_scalar(f"sop_loss/exit_{layer:02d}", record["sop_loss"][i], step)
+            tb.add_scalar(f"sop_accuracy/exit_{layer:02d}", record["sop_accuracy"][i], step)
 
     def eval(self, record: dict[str, Any]) -> None:
         """One validation: eval.jsonl, a line, TensorBoard."""
         if not self.enabled:
             return
+        self.flush()
         self._append(self.eval_path, {**record, "attempt": self.attempt})
         losses = " ".join(f"{x:.3f}" for x in record["mlm_loss"])
         self.write(
@@ -131,6 +149,7 @@ class MetricsLogger:
             print(message, flush=True)
 
     def close(self) -> None:
+        self.flush()
         if self._bar is not None:
             self._bar.close()
         if self._tb is not None:

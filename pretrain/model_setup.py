@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from common.hub import resolve_pretrained
+from common.torch_private import raise_recompile_limit
 from common.vocab import TokenizerIdentity, check_same_tokenizer, identity_of, model_identity
 from elasticbert import ElasticBertConfig, ElasticBertForPreTraining, load_pretrained, minilm_dir
 from elasticbert.layouts import BERT_ARCHITECTURE_FIELDS
@@ -82,9 +83,7 @@ def compile_model(model: torch.nn.Module, num_groups: int) -> None:
     `module.compile()`), so state-dict keys, ZeRO's hooks and checkpoints stay as they are. Each exit group is its
     own graph, in training and in evaluation, and the number of masked tokens varies, so each compiles twice (then
     dynamic in that size): the recompile limit covers them."""
-    import torch._dynamo
-
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * (num_groups + 1))
+    raise_recompile_limit(4 * (num_groups + 1))
     model.compile()
 
 

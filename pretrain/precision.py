@@ -40,6 +40,7 @@ class DeviceCaps:
     name: str = "CPU"
     native_bf16: bool = False
     capability: str = ""
+    notes: tuple[str, ...] = ()  # what the start-up could not check on this device (printed as notes)
 
     @classmethod
     def cpu(cls) -> DeviceCaps:
@@ -53,13 +54,13 @@ class DeviceCaps:
         anything starts (`common.torch_build`)."""
         import torch
 
-        require_runnable_build(local_rank)
+        notes = require_runnable_build(local_rank)
 
         if not torch.cuda.is_available():
             return cls.cpu()
         props = torch.cuda.get_device_properties(local_rank % torch.cuda.device_count())
         native = bool(torch.version.hip) or props.major >= 8
-        return cls("cuda", props.name, native, f"{props.major}.{props.minor}")
+        return cls("cuda", props.name, native, f"{props.major}.{props.minor}", notes)
 
     def describe(self) -> str:
         if self.kind == "cpu":
@@ -110,8 +111,15 @@ def precision_problems(choice: PrecisionChoice, caps: DeviceCaps) -> list[str]:
 
 
 def apply_precision(ds: dict[str, Any], precision: Precision) -> None:
-    """Write the `bf16` / `fp16` sections of a DeepSpeed config for `precision` (in place)."""
+    """Write the `bf16` / `fp16` sections of a DeepSpeed config for `precision` (in place).
+
+    bf16: `check_grad_overflow` off unless the JSON sets it. DeepSpeed's default reads an overflow flag and the
+    norm's validity on the host every step (two host syncs in ZeRO 1-2's step) to skip a non-finite step; here a
+    non-finite loss or gradient norm stops the run at that step and nothing after it is ever saved (pretrain.guards),
+    so the skip would add nothing but the syncs. fp16 keeps its check: the loss scaler needs it on the host."""
     ds["bf16"] = {**ds.get("bf16", {}), "enabled": precision == "bf16"}
+    if precision == "bf16" and ds["bf16"].get("check_grad_overflow", "auto") == "auto":
+        ds["bf16"]["check_grad_overflow"] = False
     fp16 = {**ds.get("fp16", {}), "enabled": precision == "fp16"}
     if precision == "fp16":
         fp16 = {**FP16_DYNAMIC, **{k: v for k, v in fp16.items() if v != "auto"}}

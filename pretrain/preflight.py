@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from common.dist import resolve_env
-from common.torch_build import running_build_problem
+from common.torch_build import query_driver, running_build_check
 
 from .config import REPO_ROOT, RunConfig
 
@@ -81,9 +81,9 @@ def check_gpus(tasks_per_node: int) -> tuple[str, Any]:
     """GPUs visible to this node's tasks = the tasks it will run; the torch build covers them."""
     import torch
 
-    problem = running_build_problem(0)
-    if problem:
-        raise ValueError(problem)
+    check = running_build_check(0)
+    if check.problem:
+        raise ValueError(check.problem)
     if os.environ.get("DS_ACCELERATOR") == "cpu" or not torch.cuda.is_available():
         return "no GPU (CPU node)", None
     count = torch.cuda.device_count()
@@ -94,7 +94,8 @@ def check_gpus(tasks_per_node: int) -> tuple[str, Any]:
         )
     names = sorted({torch.cuda.get_device_name(i) for i in range(count)})
     caps = sorted({".".join(map(str, torch.cuda.get_device_capability(i))) for i in range(count)})
-    return f"{count} x {'/'.join(names)} (sm {'/'.join(caps)}), arch list covers them", None
+    notes = "".join(f"; note: {n}" for n in check.notes)
+    return f"{count} x {'/'.join(names)} (sm {'/'.join(caps)}), arch list covers them{notes}", None
 
 
 def check_precision(cfg: RunConfig, ds_path: str | None, world_size: int) -> tuple[str, tuple[dict[str, Any], str]]:
@@ -170,7 +171,9 @@ def check_run_dir(run_dir: Path, cfg: RunConfig) -> tuple[str, None]:
 
 
 def check_fused_ops(cfg: RunConfig) -> tuple[str, None]:
-    """optim.backend=deepspeed: build FusedAdam/FusedLamb here, once per node, so the ranks only load it."""
+    """optim.backend=deepspeed: build FusedAdam/FusedLamb here, once per node, for this node's GPUs (their own
+    TORCH_CUDA_ARCH_LIST), so the ranks only load it; a failed build is one line naming the op, the arch and the
+    first line of the compiler's complaint."""
     if cfg.optim.kernel_backend() != "deepspeed":
         return "torch (no op to build)", None
     op = "fused_lamb" if cfg.optim.name == "lamb" else "fused_adam"
@@ -181,15 +184,39 @@ def check_fused_ops(cfg: RunConfig) -> tuple[str, None]:
             f"{os.environ.get('CUDA_HOME', 'unset')}, no nvcc on PATH): `module load cuda` in the job script, "
             "or use optim.backend=torch (the default: torch's fused AdamW, no compiler)"
         )
-    from .ds_runtime import quiet_deepspeed
+    from .ds_runtime import quiet_deepspeed, set_op_build_arch
 
+    arch, note = "cpu", None
+    if accelerator != "cpu":
+        arch, note = set_op_build_arch()
     quiet_deepspeed(accelerator)
     from deepspeed.ops.op_builder import FusedAdamBuilder, FusedLambBuilder
 
     builder = FusedLambBuilder() if op == "fused_lamb" else FusedAdamBuilder()
     start = time.monotonic()
-    builder.load(verbose=False)
-    return f"{op} built/loaded in {time.monotonic() - start:.0f} s", None
+    try:
+        builder.load(verbose=False)
+    except Exception as e:  # noqa: BLE001  (ninja's CalledProcessError, torch's RuntimeError, DeepSpeed's ValueError)
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise ValueError(
+            f"DeepSpeed's {op} op failed to build for TORCH_CUDA_ARCH_LIST={arch} ({type(e).__name__}: "
+            f"{first[:200]}); the compiler's log is under {_extension_dir()}: fix the toolchain (an nvcc of torch's "
+            f"CUDA {_torch_cuda()}), or use optim.backend=torch (torch's fused AdamW, no build)"
+        ) from None
+    built = f"{op} built/loaded in {time.monotonic() - start:.0f} s for {arch}"
+    return built + (f" ({note})" if note else ""), None
+
+
+def _extension_dir() -> str:
+    from .guards import extension_build_root
+
+    return str(extension_build_root())
+
+
+def _torch_cuda() -> str:
+    import torch
+
+    return str(torch.version.cuda)
 
 
 def _nvcc() -> str | None:
@@ -207,10 +234,7 @@ def versions() -> dict[str, str]:
     found["cuda"] = str(torch.version.cuda)
     if torch.cuda.is_available():
         found["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-        driver = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
-        )
-        found["driver"] = driver.stdout.split("\n")[0].strip() or "?"
+        found["driver"] = query_driver() or "unknown"
     try:
         found["deepspeed"] = metadata.version("deepspeed")  # without importing it (slow, prints banners)
     except metadata.PackageNotFoundError:

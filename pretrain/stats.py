@@ -1,9 +1,14 @@
 """Step and validation statistics as small named structures that cross the ranks in ONE all-reduce.
 
-Each is a dataclass of float64 tensors on the engine's device (one host sync per step; NCCL needs device tensors).
-`all_reduce` packs the fields into one flat tensor, sums it over the ranks and unpacks it into the same fields, so
-no code indexes a tensor by hand-computed offsets. A step's sums carry the preemption vote with them: every rank
-learns in the same all-reduce that some rank was signalled, and all of them save the same step.
+Each is a dataclass of float64 tensors on the engine's device (NCCL needs device tensors), summed there as the
+micro-batches run: nothing is read on the host during a step. `all_reduce` packs the fields into one flat tensor,
+sums it over the ranks and unpacks it into the same fields, so no code indexes a tensor by hand-computed offsets.
+A step's sums are read once, at the step's end (`StepStats.reduce_and_read`: one collective, one device-to-host
+read, the step's only host sync in the trainer's own code), and they carry with them everything the host must know
+at that point: the preemption vote (every rank learns in the same all-reduce that some rank was signalled, and all
+of them save the same step), and the loss and DeepSpeed's gradient norm, whose NaN/inf survives the sum, so a
+non-finite step is seen by every rank at that very step (`guards.step_problem`). A new per-step figure is one more
+field: summed on the device, read in the same transfer, `StepTotals.values[name]` on the host.
 """
 
 from __future__ import annotations
@@ -49,6 +54,13 @@ class Group:
         if self.world > 1:
             self.dist.all_reduce(tensor)
 
+    def leave(self) -> None:
+        """Leave the process group, joining gloo's threads while the interpreter lives: without it a rank can abort
+        at exit ("terminate called without an active exception", pytorch#190489), failing a finished Slurm step (3 of
+        20 2-rank runs; 0 of 30)."""
+        if self.dist is not None and self.dist.is_initialized():
+            self.dist.destroy_process_group()
+
 
 PER_EXIT = ("mlm_loss", "sop_loss", "mlm_accuracy", "sop_accuracy")
 
@@ -71,6 +83,21 @@ class _Reducible:
         dist.all_reduce(flat)
         return self.unpack(flat.cpu())
 
+    def reduce_to_host(self, dist: Any) -> dict[str, Any]:
+        """Sum over all ranks (one collective) and read the result with ONE device-to-host transfer: each field as a
+        Python float (shape ()) or list of floats."""
+        flat = self.pack()
+        dist.all_reduce(flat)
+        values = flat.tolist()  # the one host sync
+        out: dict[str, Any] = {}
+        start = 0
+        for f in dataclasses.fields(self):
+            shape = getattr(self, f.name).shape
+            size = shape.numel()
+            out[f.name] = values[start] if shape == () else values[start : start + size]
+            start += size
+        return out
+
 
 def _zeros(shape: tuple[int, ...], device: torch.device | str) -> torch.Tensor:
     return torch.zeros(shape, dtype=torch.float64, device=device)
@@ -91,6 +118,8 @@ class StepStats(_Reducible):
     data_wait_s: torch.Tensor  # () seconds spent waiting for batches
     comm_s: torch.Tensor  # () seconds in DeepSpeed's collectives (logging.comm_timing; else 0)
     preempt_votes: torch.Tensor  # () ranks that were signalled to save and stop
+    grad_norm: torch.Tensor  # () DeepSpeed's global gradient norm (the same on every rank), left on the device
+    grad_norm_ranks: torch.Tensor  # () ranks that had one (DeepSpeed gives none at ZeRO-0 fp32)
 
     @classmethod
     def zeros(cls, num_exits: int, device: torch.device | str) -> StepStats:
@@ -112,14 +141,43 @@ class StepStats(_Reducible):
     def vote_preemption(self, requested: bool) -> None:
         self.preempt_votes.fill_(1.0 if requested else 0.0)
 
+    def set_grad_norm(self, norm: torch.Tensor | float | None) -> None:
+        """DeepSpeed's global gradient norm after the step (`engine.get_global_grad_norm()`): a tensor (ZeRO 1-2)
+        is copied on the device, never read here; a float (an fp16 overflow's inf) is filled in; None counts no
+        rank."""
+        if norm is None:
+            return
+        if isinstance(norm, torch.Tensor):
+            self.grad_norm.copy_(norm.detach().reshape(()), non_blocking=True)
+        else:
+            self.grad_norm.fill_(float(norm))
+        self.grad_norm_ranks.fill_(1.0)
+
+    def reduce_and_read(self, dist: Any) -> StepTotals:
+        """The step's end: every rank's sums, votes and norm, in one collective and one read (`reduce_to_host`)."""
+        return StepTotals(self.reduce_to_host(dist))
+
+
+@dataclass(frozen=True)
+class StepTotals:
+    """A step's sums over every rank, on the host: `values[field]` of `StepStats` as floats / lists of floats."""
+
+    values: dict[str, Any]
+
     @property
     def preempted(self) -> bool:
-        """After `all_reduce`: some rank was signalled."""
-        return bool(self.preempt_votes > 0)
+        """Some rank was signalled."""
+        return self.values["preempt_votes"] > 0
+
+    @property
+    def grad_norm(self) -> float | None:
+        """DeepSpeed's global gradient norm (None when it gives none); NaN/inf stay as they are."""
+        ranks = self.values["grad_norm_ranks"]
+        return self.values["grad_norm"] / ranks if ranks else None
 
     def exit_means(self, micro_batches: int) -> dict[str, list[float]]:
         """Per active exit, the mean over `micro_batches` (accumulation × world size) of each per-exit figure."""
-        return {name: (getattr(self, name) / micro_batches).tolist() for name in PER_EXIT}
+        return {name: [v / micro_batches for v in self.values[name]] for name in PER_EXIT}
 
 
 @dataclass

@@ -7,8 +7,9 @@ clear message instead of a hung or half-started job.
 One optimizer step t:
   active exits = group t mod G; lr = schedule(t) written into the param groups;
   for each of the `accum` micro-batches: dropout RNG <- f(seed, t, global micro index); forward; backward; step;
-  one all-reduce carries the step's statistics *and* the preemption vote (`StepStats`): all ranks stop together;
-  a non-finite loss or gradient norm stops every rank at that step, before anything is saved (guards.py).
+  one all-reduce carries the step's statistics, gradient norm and preemption vote (`StepStats`), read on the host
+  once (the step's only host sync of ours): all ranks stop together; a non-finite loss or norm stops every rank at
+  that step, before anything is saved (guards.py).
 Everything a resumed run needs is (step, consumed_samples) + DeepSpeed's model/optimizer state: data order, masking
 (per-sample seed), dropout (per-micro-step seed), lr and exit group (functions of step) are recomputed, not restored.
 
@@ -22,10 +23,10 @@ its lock are common.run_dir's.
 from __future__ import annotations
 
 import json
-import signal
 import socket
 import time
 from collections.abc import Iterator
+from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -40,9 +41,9 @@ from .checkpoint import LATEST, read_latest
 from .checkpointer import Checkpointer, dump_weights, export_files_writer, nonfinite_weight_tensors
 from .config import RunConfig, validate, write_resolved_configs
 from .corpora import open_data
-from .data import Collator, RankBatches, SampleOrder, batch_digest, train_loader
+from .data import Collator, RankBatches, SampleOrder, batch_digests, train_loader
 from .ds_config import fill_ds_config, load_ds_json
-from .ds_runtime import import_deepspeed, quiet_deepspeed
+from .ds_runtime import import_deepspeed, quiet_deepspeed, set_op_build_arch
 from .evaluation import evaluate
 from .guards import TrainingDiverged, peer_lost, refuse_stale_build_locks, step_problem
 from .metrics import MetricsLogger
@@ -52,7 +53,7 @@ from .precision import DeviceCaps, choose_precision, describe_precision, precisi
 from .preemption import PreemptionFlag, ignore_preemption_signals
 from .rank_report import CommTimer, StartupClock, gather_startup, host_memory_mb, summarize_memory
 from .schedule import due, learning_rate, micro_seed
-from .stats import Group, StepStats
+from .stats import Group, StepStats, StepTotals
 
 
 def _worker_init(worker_id: int) -> None:
@@ -125,6 +126,7 @@ class Trainer:
         )
         if self.device == "cuda":
             torch.cuda.set_device(self.env.local_rank)
+            set_op_build_arch()  # a DeepSpeed op built here (optim.backend=deepspeed) targets this node's GPUs
         self.group.dist = torch.distributed
         self.clock.mark("rendezvous")
         self.checkpoints.agree(self.group)
@@ -156,6 +158,7 @@ class Trainer:
         self.metrics = MetricsLogger(
             self.run_dir, self.rank == 0, lg.tensorboard, lg.progress, self.end_step, self.step, lg.tb_interval
         )
+        self.metrics.digests = lambda steps: batch_digests(self.order, steps, self.layout.global_batch)
         self.peak = peak_flops(lg.peak_tflops, self.device, self.precision)
         self.samples_log = (
             open(self.run_dir / f"samples_rank{self.rank}.jsonl", "a", encoding="utf-8") if lg.log_samples else None
@@ -180,7 +183,7 @@ class Trainer:
             via = f" via {self.load_tag}" if self.load_tag != self.point.tag else ""
             lines.append(f"  resuming from {self.point.tag} (step {self.step}, consumed_samples {self.consumed}){via}")
             lines += [f"  forced resume despite config change: {d}" for d in self.checkpoints.config_diffs]
-        lines += [f"  note: {n}" for n in self.data.notes]
+        lines += [f"  note: {n}" for n in (*self.caps.notes, *self.data.notes)]
         lines.append(
             f"  start-up across {self.world} rank(s), seconds since the first process started (last rank): "
             + ", ".join(f"{phase} {p['s']:.1f} (rank {p['rank']} on {p['host']})" for phase, p in startup.items())
@@ -191,15 +194,12 @@ class Trainer:
             "start",
             step=self.step,
             consumed_samples=self.consumed,
-            world_size=self.world,
             launcher=self.env.launcher,
             zero_stage=self.zero_stage,
             precision=self.precision,
             precision_reason=self.precision_choice.reason,
             device=self.caps.describe(),
-            micro_batch=self.layout.micro_batch,
-            grad_accum=self.layout.grad_accum,
-            global_batch=self.layout.global_batch,
+            **asdict(self.layout),  # micro_batch, grad_accum, global_batch, world_size
             resumed_from=self.point.tag if self.point else None,
             load_tag=self.load_tag,
             config_hash=self.config_hash,
@@ -232,40 +232,16 @@ class Trainer:
                 self.metrics.close()
             if getattr(self, "samples_log", None):
                 self.samples_log.close()
-            self._leave_process_group()
+            self.group.leave()
             self.lock.release()
-
-    def _leave_process_group(self) -> None:
-        """Join gloo's threads while the interpreter lives: without it a rank can abort at exit ("terminate called
-        without an active exception", pytorch#190489), failing a finished Slurm step (3 of 20 2-rank runs; 0 of 30)."""
-        dist = self.group.dist
-        if dist is not None and dist.is_initialized():
-            dist.destroy_process_group()
 
     def _train(self) -> int:
         """Optimizer steps up to `end_step`, saving and validating when due; exits 75 after a preemption save."""
         batches = iter(self.loader)
         while self.step < self.end_step:
-            t0 = time.perf_counter()
-            active = self.groups[self.step % len(self.groups)]
-            lr = learning_rate(self.step, self.cfg.train.train_steps, self.cfg.optim)
-            for group in self.engine.optimizer.param_groups:
-                group["lr"] = lr
-            stats = self._train_step(batches, active).all_reduce(self.group)  # also the preemption vote
-            grad_norm = self.engine.get_global_grad_norm()
-            precision = step_precision_record(self.engine, self.precision)
-            self.step += 1
-            self.consumed += self.layout.global_batch
-            record = self._log_step(stats, active, lr, grad_norm, time.perf_counter() - t0, precision)
-            problem = step_problem(record["loss"], record["grad_norm"], precision["step_skipped"], self.precision)
-            if problem:
-                self._stop_diverged(problem)
-            if stats.preempted:
-                return self._save_for_preemption()
-            if due(self.step, self.end_step, self.cfg.checkpoint.interval):
-                self.save()
-            if due(self.step, self.end_step, self.cfg.eval.interval):
-                self.evaluate()
+            code = self.optimizer_step(batches)
+            if code is not None:
+                return code
         if self.last_saved != self.step:
             self.save()
         if self.cfg.checkpoint.dump_final_weights:
@@ -273,19 +249,46 @@ class Trainer:
         self.metrics.event("end", step=self.step, consumed_samples=self.consumed, memory=self._memory_summary())
         return 0
 
+    def optimizer_step(self, batches: Iterator[dict[str, torch.Tensor]]) -> int | None:
+        """One optimizer step and what follows it (its record, the guards, a due save or validation); returns the
+        exit code when the run stops here (75: preempted), else None. Its one host sync is the read of the reduced
+        sums (`StepStats.reduce_and_read`): until then every figure stays on the device, so the host keeps queuing
+        work ahead of the GPU."""
+        t0 = time.perf_counter()
+        active = self.groups[self.step % len(self.groups)]
+        lr = learning_rate(self.step, self.cfg.train.train_steps, self.cfg.optim)
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = lr
+        totals = self._train_step(batches, active).reduce_and_read(self.group)  # also the preemption vote
+        precision = step_precision_record(self.engine, self.precision)
+        self.step += 1
+        self.consumed += self.layout.global_batch
+        record = self._log_step(totals, active, lr, time.perf_counter() - t0, precision)
+        problem = step_problem(record["loss"], record["grad_norm"], precision["step_skipped"], self.precision)
+        if problem:
+            self._stop_diverged(problem)
+        if totals.preempted:
+            return self._save_for_preemption()
+        if due(self.step, self.end_step, self.cfg.checkpoint.interval):
+            self.save()
+        if due(self.step, self.end_step, self.cfg.eval.interval):
+            self.evaluate()
+        return None
+
     def _train_step(self, batches: Iterator[dict[str, torch.Tensor]], active: tuple[int, ...]) -> StepStats:
         """The `grad_accum` micro-batches of one optimizer step (DeepSpeed steps the optimizer after the last one);
-        returns this rank's sums and its preemption vote, not yet reduced."""
+        returns this rank's sums, DeepSpeed's gradient norm and its preemption vote, on the device, not reduced."""
         stats = StepStats.zeros(len(active), self.engine.device)
         accum = self.layout.grad_accum
         for m in range(accum):
             tw = time.perf_counter()
             batch = next(batches)
             stats.data_wait_s += time.perf_counter() - tw
-            if self.samples_log is not None:
+            if self.samples_log is not None:  # the DataLoader's keys, on the host: no device sync
                 keys = batch["keys"].tolist()
                 self.samples_log.write(json.dumps({"step": self.step, "micro": m, "keys": keys}) + "\n")
-            batch = {name: t.to(self.engine.device) for name, t in batch.items() if name != "keys"}
+            # asynchronous copies: a blocking host-to-device copy waits for the queued kernels, a sync per tensor
+            batch = {name: t.to(self.engine.device, non_blocking=True) for name, t in batch.items() if name != "keys"}
             torch.manual_seed(micro_seed(self.cfg.train.seed, self.step, self.rank * accum + m))
             out = self.engine(**batch, active_exits=active, gradient_equilibrium=self.cfg.exits.gradient_equilibrium)
             if tuple(out.exit_layers) != tuple(active):
@@ -293,44 +296,38 @@ class Trainer:
             self.engine.backward(out.loss)
             self.engine.step()
             stats.add_micro_batch(out, batch)
+        stats.set_grad_norm(self.engine.get_global_grad_norm())
         stats.comm_s += self.comm_timer.take() or 0.0
         stats.vote_preemption(self.preempt.requested)
         return stats
 
     def _log_step(
-        self,
-        stats: StepStats,
-        active: tuple[int, ...],
-        lr: float,
-        grad_norm: float | None,
-        elapsed: float,
-        precision: dict[str, Any],
+        self, totals: StepTotals, active: tuple[int, ...], lr: float, elapsed: float, precision: dict[str, Any]
     ) -> dict[str, Any]:
         """One metrics.jsonl record from the reduced sums (means over accumulation × world micro-batches); returns
         it. `precision`: the fp16 loss scaler's bookkeeping (`step_precision_record`)."""
         n = self.layout.grad_accum * self.world
-        tokens, masked, padded = float(stats.tokens), float(stats.masked), float(stats.padded)
+        v = totals.values
+        tokens, masked, padded = v["tokens"], v["masked"], v["padded"]
         record: dict[str, Any] = {
             "step": self.step,
-            "loss": float(stats.loss) / n,
+            "loss": v["loss"] / n,
             "active_exits": list(active),
             "group": (self.step - 1) % len(self.groups),
             "consumed_samples": self.consumed,
             "lr": lr,
-            "grad_norm": float(grad_norm) if grad_norm is not None else None,
-            **stats.exit_means(n),
+            "grad_norm": totals.grad_norm,
+            **totals.exit_means(n),
             "tokens": int(tokens),
             "tokens_per_s": tokens / elapsed,
             "padding_fraction": 1.0 - tokens / padded if padded else 0.0,
-            "data_wait_s": float(stats.data_wait_s) / self.world,
-            **({"comm_s": float(stats.comm_s) / self.world} if self.comm_timer.enabled else {}),
+            "data_wait_s": v["data_wait_s"] / self.world,
+            **({"comm_s": v["comm_s"] / self.world} if self.comm_timer.enabled else {}),
             "step_time_s": elapsed,
             "time": time.time(),
             "world_size": self.world,
             **precision,
         }
-        if self.rank == 0:
-            record["samples_digest"] = batch_digest(self.order, self.step - 1, self.layout.global_batch)
         if self.peak:
             record["mfu"] = model_flops_utilization(
                 self.model_config, active, tokens, masked, self.layout.global_batch, elapsed, self.peak, self.world
@@ -346,7 +343,7 @@ class Trainer:
 
     # -------------------------------------------------------------------------------------- checkpoints, eval
     def _save_for_preemption(self) -> int:
-        signame = signal.Signals(self.preempt.signum).name if self.preempt.signum else "peer"
+        signame = self.preempt.name  # SIGTERM, SIGUSR1, or "a peer rank"
         self.metrics.write(f"preemption ({signame}): saving at step {self.step} and exiting with {EXIT_PREEMPTED}")
         self.save()
         self.metrics.event("preempted", step=self.step, signal=signame)

@@ -19,8 +19,10 @@ from common.torch_build import (
     arch_covers,
     build_problem,
     installed_build,
+    min_driver_for,
     parse_capability,
     plan_build,
+    query_driver,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,16 +130,48 @@ def test_arch_coverage(capability, arches, covered):
 
 
 def test_a_build_without_the_gpus_kernels_is_refused_in_one_line_with_the_fix():
-    problem = build_problem((7, 0), CU130_ARCHES, "13.0", (13, 0))
+    problem = build_problem((7, 0), CU130_ARCHES, "13.0", "580.65.06")
     assert problem is not None and "\n" not in problem
     assert "no kernels for compute capability 7.0" in problem
     assert "TORCH_CUDA=cu126 make install" in problem and f"{INDEX}/cu126" in problem
-    assert build_problem((7, 0), CU126_ARCHES, "12.6", (12, 8)) is None
-    assert build_problem((9, 0), CU130_ARCHES, "13.0", (13, 0)) is None
-    old_driver = build_problem((9, 0), CU130_ARCHES, "13.0", (12, 4))
-    assert old_driver is not None and "driver supports CUDA 12.4, older than this torch's CUDA 13.0" in old_driver
+    assert build_problem((7, 0), CU126_ARCHES, "12.6", "535.104.05") is None
+    assert build_problem((9, 0), CU130_ARCHES, "13.0", "580.65.06") is None
+    old_driver = build_problem((9, 0), CU130_ARCHES, "13.0", "575.51.03")
+    assert old_driver is not None and "driver 575.51.03 is older than torch's CUDA 13.0 needs (driver >= 580)" in (
+        old_driver
+    )
+    assert build_problem((8, 0), CU126_ARCHES, "12.6", "520.61") is not None  # below CUDA 12's 525
     cpu_build = build_problem((9, 0), [], None, None)
     assert cpu_build is not None and "CPU build" in cpu_build and "TORCH_CUDA=cu130" in cpu_build
+
+
+@pytest.mark.parametrize("driver", [None, "", "N/A"])
+def test_an_unknown_driver_skips_that_check_and_nothing_else(driver):
+    assert build_problem((9, 0), CU130_ARCHES, "13.0", driver) is None
+    assert "no kernels" in build_problem((7, 0), CU130_ARCHES, "13.0", driver)
+    assert min_driver_for("11.8") is None and build_problem((8, 0), ["sm_80"], "11.8", "450.1") is None
+
+
+@pytest.mark.parametrize(
+    "script, driver",
+    [
+        ("echo '580.65.06'; echo '580.65.06'", "580.65.06"),
+        ("echo 'Failed to initialize NVML: Driver/library version mismatch'; exit 18", None),
+        ("echo '[N/A]'", None),
+        ("sleep 0; exit 0", None),  # prints nothing
+        (None, None),  # no nvidia-smi on PATH
+    ],
+    ids=["two-gpus", "nvml-mismatch", "not-available", "silent", "missing"],
+)
+def test_the_driver_is_read_from_nvidia_smi_and_anything_unreadable_is_unknown(tmp_path, monkeypatch, script, driver):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if script is not None:
+        smi = bin_dir / "nvidia-smi"
+        smi.write_text(f"#!/bin/sh\n{script}\n")
+        smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert query_driver() == driver
 
 
 def test_every_build_of_the_table_is_in_the_readmes_gpu_section():

@@ -1,17 +1,23 @@
 """GPU checks (`pytest -m gpu tests/gpu`, run by bench/gpu_check.sh). They run on the CUDA device, or on the CPU when
 EB_CHECK_DEVICE=cpu (the script's --cpu smoke mode, which CI runs); otherwise they skip. Excluded from the default
-`make test` run by the `gpu` marker (pyproject.toml addopts)."""
+`make test` run by the `gpu` marker (pyproject.toml addopts). `gpu_full` marks what only `gpu_check.sh --full` runs
+(`--fast` deselects it: `-m "gpu and not gpu_full"`)."""
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-WORDS = 3000  # the synthetic corpus's vocabulary (+ special tokens)
+sys.path.insert(0, str(REPO))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu_full: a GPU check only bench/gpu_check.sh --full runs (the slow ones)")
 
 
 def check_device() -> str:
@@ -28,26 +34,11 @@ def device() -> str:
 
 @pytest.fixture(scope="session")
 def synthetic_corpus(tmp_path_factory) -> Path:
-    """A prepared corpus made here (no ../shared, no MiniLM package on a GPU box): a WordPiece vocab of generated
-    words and documents of sentences drawn from it, through data_prep itself."""
-    from data_prep import tokenize_corpus
+    """A prepared corpus made here (no ../shared, no MiniLM package on a GPU box), through data_prep itself
+    (`bench.trainer_overhead.synthetic_corpus`); EB_CHECK_CORPUS names one bench/gpu_check.sh already made."""
+    from bench.trainer_overhead import synthetic_corpus
 
-    root = tmp_path_factory.mktemp("synthetic")
-    rng = torch.Generator().manual_seed(0)
-    words = [f"w{i}" for i in range(WORDS)]
-    specials = ["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    (root / "vocab.txt").write_text("\n".join(specials + [".", ","] + words) + "\n", encoding="utf-8")
-    docs = []
-    for _ in range(400):
-        sentences = []
-        for _ in range(int(torch.randint(2, 12, (1,), generator=rng))):
-            n = int(torch.randint(4, 30, (1,), generator=rng))
-            ids = torch.randint(0, WORDS, (n,), generator=rng).tolist()
-            sentences.append(" ".join(words[i] for i in ids).capitalize() + ".")
-        docs.append(" ".join(sentences))
-    (root / "text.txt").write_text("\n\n".join(docs) + "\n", encoding="utf-8")
-    out = root / "prepared"
-    tokenize_corpus(
-        [str(root / "text.txt")], out, tokenizer=str(root / "vocab.txt"), workers=1, progress=False, valid_fraction=0.05
-    )
-    return out
+    made = os.environ.get("EB_CHECK_CORPUS")
+    if made and (Path(made) / "manifest.json").is_file():
+        return Path(made)
+    return synthetic_corpus(tmp_path_factory.mktemp("synthetic"))

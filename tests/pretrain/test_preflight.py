@@ -17,6 +17,7 @@ from faults import small_tmpfs
 from pretrain_testlib import REPO, TINY, base_env
 
 from common.dist import free_port
+from common.torch_build import BuildCheck
 from pretrain import preflight
 from pretrain.config import load_config
 
@@ -87,7 +88,7 @@ def test_fused_ops_without_nvcc_are_refused_with_the_fix(prepared_gutenberg, mon
 
 def test_gpus_must_match_the_tasks_and_the_build_must_cover_them(monkeypatch):
     monkeypatch.setenv("DS_ACCELERATOR", "cuda")
-    monkeypatch.setattr(preflight, "running_build_problem", lambda rank: None)
+    monkeypatch.setattr(preflight, "running_build_check", lambda rank: BuildCheck())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "Tesla V100-SXM2-32GB")
@@ -95,7 +96,11 @@ def test_gpus_must_match_the_tasks_and_the_build_must_cover_them(monkeypatch):
     with pytest.raises(ValueError, match=r"4 GPU\(s\) visible but 8 task\(s\) per node"):
         preflight.check_gpus(8)
     assert preflight.check_gpus(4)[0] == "4 x Tesla V100-SXM2-32GB (sm 7.0), arch list covers them"
-    monkeypatch.setattr(preflight, "running_build_problem", lambda rank: "torch 2.13.0 (CUDA 13.0) has no kernels")
+    unknown = BuildCheck(None, ("the NVIDIA driver version is unknown",))
+    monkeypatch.setattr(preflight, "running_build_check", lambda rank: unknown)
+    assert preflight.check_gpus(4)[0].endswith("covers them; note: the NVIDIA driver version is unknown")
+    no_kernels = BuildCheck("torch 2.13.0 (CUDA 13.0) has no kernels")
+    monkeypatch.setattr(preflight, "running_build_check", lambda rank: no_kernels)
     with pytest.raises(ValueError, match="has no kernels"):
         preflight.check_gpus(4)
 

@@ -41,12 +41,15 @@ def test_step_stats_pack_reduce_unpack():
     stats.data_wait_s += 0.5
     stats.comm_s += 0.25
     stats.vote_preemption(False)
-    assert stats.pack().shape == (4 * 3 + 7,) and stats.pack().dtype == torch.float64
+    assert stats.pack().shape == (4 * 3 + 9,) and stats.pack().dtype == torch.float64
     dist = TwoRanks()
-    total = stats.all_reduce(dist)
+    total = stats.reduce_and_read(dist)
+    v = total.values
     assert dist.calls == 1 and not total.preempted
-    assert float(total.loss) == 60.0 and float(total.tokens) == 2 * 2 * 14 and float(total.masked) == 12
-    assert float(total.padded) == 64 and float(total.data_wait_s) == 1.0 and float(total.comm_s) == 0.5
+    assert v["loss"] == 60.0 and v["tokens"] == 2 * 2 * 14 and v["masked"] == 12
+    assert v["padded"] == 64 and v["data_wait_s"] == 1.0 and v["comm_s"] == 0.5
+    reduced = StepStats.zeros(3, "cpu").all_reduce(TwoRanks())  # the tensor form (validation uses it)
+    assert isinstance(reduced, StepStats) and reduced.mlm_loss.shape == (3,)
     means = total.exit_means(4)
     assert means["mlm_loss"] == [1.5, 3.0, 4.5] and means["sop_loss"] == [2.5, 4.0, 5.5]
     assert list(means) == ["mlm_loss", "sop_loss", "mlm_accuracy", "sop_accuracy"]
@@ -55,7 +58,7 @@ def test_step_stats_pack_reduce_unpack():
 def test_preemption_vote_of_any_rank_stops_all():
     stats = StepStats.zeros(2, "cpu")
     stats.vote_preemption(True)
-    assert stats.all_reduce(TwoRanks()).preempted
+    assert stats.reduce_and_read(TwoRanks()).preempted
 
 
 def test_eval_sums_weigh_mlm_by_tokens_and_sop_by_samples():
@@ -64,3 +67,34 @@ def test_eval_sums_weigh_mlm_by_tokens_and_sop_by_samples():
     record = sums.all_reduce(TwoRanks()).means()
     assert record["samples"] == 4
     assert record["mlm_loss"] == [1.0, 2.0] and record["sop_loss"] == [2.0, 3.0]
+
+
+def test_a_step_is_read_once_and_carries_the_vote_the_norm_and_any_nan():
+    stats = StepStats.zeros(3, "cpu")
+    for base in (1.0, 2.0):
+        stats.add_micro_batch(_out(3, base), _batch())
+    stats.set_grad_norm(torch.tensor(0.75))
+    stats.vote_preemption(True)
+    reads = []
+    real_tolist = torch.Tensor.tolist
+
+    def counted(t):
+        reads.append(t.shape)
+        return real_tolist(t)
+
+    torch.Tensor.tolist = counted
+    try:
+        totals = stats.reduce_and_read(TwoRanks())
+    finally:
+        torch.Tensor.tolist = real_tolist
+    assert reads == [(4 * 3 + 9,)]  # one device-to-host read of the packed sums
+    assert totals.preempted and totals.grad_norm == 0.75  # the same norm on both ranks, not summed
+    assert totals.values["loss"] == 60.0 and totals.values["tokens"] == 2 * 2 * 14
+    assert totals.exit_means(4)["mlm_loss"] == [1.5, 3.0, 4.5]
+    assert all(isinstance(v, float | list) for v in totals.values.values())
+    nan = StepStats.zeros(1, "cpu")
+    nan.add_micro_batch(SimpleNamespace(**{**vars(_out(1, 1.0)), "loss": torch.tensor(float("nan"))}), _batch())
+    nan.set_grad_norm(float("inf"))  # what DeepSpeed reports for an fp16 overflow
+    read = nan.reduce_and_read(TwoRanks())
+    assert read.values["loss"] != read.values["loss"] and read.grad_norm == float("inf") and not read.preempted
+    assert StepStats.zeros(1, "cpu").reduce_and_read(TwoRanks()).grad_norm is None  # no norm from DeepSpeed
