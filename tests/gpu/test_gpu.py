@@ -26,6 +26,7 @@ def run_module(*args: str, env: dict | None = None, timeout: float = 600) -> sub
 def train(corpus, out, precision: str, steps: int, stop_after: int | None = None, compiled: bool = False):
     sets = [
         f"train.compile={str(compiled).lower()}",
+        f"data.packing={str(not compiled).lower()}",  # the compiled step's static shapes exclude packing
         f"data.corpora=[{{name: synthetic, path: {corpus}, weight: 1.0}}]",
         f"train.train_steps={steps}",
         f"train.precision={precision}",
