@@ -105,6 +105,23 @@ def test_a_packed_batch_carries_each_sample_whole_in_batch_order(items):
     assert (batch["mlm_labels"][batch["sample_ids"] == 0] == IGNORE_INDEX).all()
 
 
+def test_a_micro_batch_that_packing_barely_shrinks_stays_padded():
+    def sample(n):
+        return {
+            "input_ids": np.arange(n) + 5,
+            "token_type_ids": np.zeros(n),
+            "mlm_labels": np.full(n, -100),
+            "sop_label": 0,
+        }
+
+    near_full = [sample(n) for n in (128, 120, 124, 8)]  # packing saves one row of four: 25 %
+    assert pack(near_full, capacity=SEQ)["input_ids"].shape[0] == 3
+    assert "sample_ids" not in pack(near_full, capacity=SEQ, min_saving=0.3)  # a padded batch, as collate makes it
+    full = [sample(n) for n in (128, 120, 124, 100)]  # nothing to pack: one sample per padded row
+    padded = pack(full, capacity=SEQ)
+    assert "sample_ids" not in padded and all(torch.equal(padded[k], v) for k, v in collate(full).items())
+
+
 def test_packing_removes_the_padding_of_real_samples(items):
     padded = collate(items)
     packed = pack(items, capacity=SEQ)
