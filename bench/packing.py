@@ -14,6 +14,8 @@ sample to the micro-batch's longest, `pack` packs them into rows of max_length) 
   of a tiny model (configs/tiny_cpu.yaml's) and of a base-width model (hidden 768, 12 heads, FFN 3072; 4 layers so
   that it fits this 2-core box), on the same micro-batches packed and padded, interleaved, the fastest of the
   rounds: real tokens per second of each, their ratio, and the issue's goal 0.9 / (1 − padding before);
+- the cost of the block-diagonal mask alone (Gutenberg, seq 512, base-width: a padded batch stepped as it is and as
+  packed rows of one sample each, same shapes), which sets `pretrain.collation.PACKING_MIN_SAVING`;
 - the data loader's headroom: samples one worker builds and packs per second (the trainer's path: `BlendedDataset`
   + `Collator(packing=True)`) against what a packed step consumes, here and projected to ElasticBERT-base on a V100
   and an A100 (seq 512, G=2, the FLOP model of `elasticbert.flops` at an assumed MFU of 40 %);
@@ -184,6 +186,25 @@ def throughput(size: str, batches: list[list[dict]], seq: int, rounds: int) -> d
     }
 
 
+def mask_overhead(items: list[dict], size: str, seq: int, rounds: int) -> float:
+    """What the block-diagonal mask alone costs: the padded batch stepped as it is, and as packed rows of one sample
+    each (the same shapes and tokens, plus `sample_ids` / `cls_positions`: a [rows, 1, T, T] mask instead of
+    [rows, 1, 1, T]); time with the mask ÷ time without, the fastest of the rounds, interleaved."""
+    model, opt = make_model(size, seq)
+    exits = exit_groups(model.config.num_hidden_layers, 2)[0]
+    padded = collate(items)
+    rows, width = padded["input_ids"].shape
+    masked = dict(padded)
+    masked["sample_ids"] = padded["attention_mask"] * torch.arange(1, rows + 1)[:, None]
+    masked["cls_positions"] = torch.arange(rows) * width
+    best = {"padded": float("inf"), "masked": float("inf")}
+    for r in range(rounds + 1):  # the first round warms up
+        for name in ("padded", "masked") if r % 2 else ("masked", "padded"):
+            spent = train_step(model, opt, padded if name == "padded" else masked, exits)
+            best[name] = min(best[name], spent) if r else best[name]
+    return best["masked"] / best["padded"]
+
+
 def loader_headroom(path: Path, seq: int, micro: int, batches: int) -> float:
     """Samples per second one DataLoader worker builds and packs (the trainer's collation, in this process)."""
     from data_prep.reader import PreparedCorpus
@@ -284,6 +305,10 @@ def main() -> None:
                     row[size] = throughput(size, batches[: timed[size]], seq, rounds[size])
                     print(f"  {corpus} seq {seq} {size}: {row[size]['speedup']:.2f}x", flush=True)
                 results.append(row)
+                if corpus == "Gutenberg" and seq == 512:  # full-length samples: the padded batch is 32 x 512
+                    row["mask_overhead_base_width"] = mask_overhead(
+                        batches[0], "base-width", seq, 1 if args.quick else 3
+                    )
     tasks = [finetune_throughput(SHARED.parent / "glue", t, 1 if args.quick else 2) for t in ("CoLA", "SST-2")]
     report(results, tasks, args, load_start, os.getloadavg())
     if args.json:
@@ -328,6 +353,12 @@ def report(
             f"| {r['corpus']} | {r['seq']} | {r['build_ms_per_sample']:.2f} ms | {r['collate_ms']:.2f} ms | "
             f"{r['pack_ms']:.2f} ms ({r['plan_ms']:.3f} ms) | {shares} |"
         )
+    for r in results:
+        if "mask_overhead_base_width" in r:
+            print(
+                f"\nthe block-diagonal mask alone ({r['corpus']}, seq {r['seq']}, base-width, padded batch as one "
+                f"sample per packed row): {r['mask_overhead_base_width']:.3f}x the padded step"
+            )
     print(
         "\n| corpus | seq | 1 worker builds + packs | ÷ packed step here (tiny) | ÷ base-512 need per GPU, V100 / A100 "
         "(1 worker; 4 = the base configs') |"
