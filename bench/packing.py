@@ -223,13 +223,13 @@ def loader_headroom(path: Path, seq: int, micro: int, batches: int) -> float:
     return batches * micro / (time.perf_counter() - t0)
 
 
-def projected_samples_per_s(mean_tokens: float, peak_tflops: float, mfu: float = 0.4) -> float:
-    """Samples per second one GPU consumes training ElasticBERT-base at seq 512, G=2 (its larger group, 7 exits),
-    packed: real tokens only (`elasticbert.flops.training_flops_per_token`)."""
+def projected_samples_per_s(mean_tokens: float, seq: int, peak_tflops: float, mfu: float = 0.4) -> float:
+    """Samples per second one GPU consumes training ElasticBERT-base at `seq`, G=2 (its larger group, 7 exits),
+    packed: real tokens only, attention over rows of `seq` (`elasticbert.flops.training_flops_per_token`)."""
     from elasticbert.flops import training_flops_per_token
 
     config = ElasticBertConfig()  # bert-base shape
-    per_token = training_flops_per_token(config, exit_groups(12, 2)[0], 512)
+    per_token = training_flops_per_token(config, exit_groups(12, 2)[0], seq)
     return peak_tflops * 1e12 * mfu / per_token / mean_tokens
 
 
@@ -360,13 +360,16 @@ def report(
                 f"sample per packed row): {r['mask_overhead_base_width']:.3f}x the padded step"
             )
     print(
-        "\n| corpus | seq | 1 worker builds + packs | ÷ packed step here (tiny) | ÷ base-512 need per GPU, V100 / A100 "
+        "\n| corpus | seq | 1 worker builds + packs | ÷ packed step here (tiny) | ÷ base's need per GPU, V100 / A100 "
         "(1 worker; 4 = the base configs') |"
     )
     print("|---|---|---|---|---|")
     for r in results:
         here = r["loader_samples_per_s"] * r["tiny"]["step_s_packed"] / args.micro
-        gpus = [r["loader_samples_per_s"] / projected_samples_per_s(r["mean_sample_tokens"], tf) for tf in (125, 312)]
+        gpus = [
+            r["loader_samples_per_s"] / projected_samples_per_s(r["mean_sample_tokens"], r["seq"], tf)
+            for tf in (125, 312)
+        ]
         print(
             f"| {r['corpus']} | {r['seq']} | {r['loader_samples_per_s']:,.0f} samples/s | {here:,.0f}× | "
             f"{gpus[0]:.1f}× / {gpus[1]:.1f}× ({4 * gpus[0]:.0f}× / {4 * gpus[1]:.0f}×) |"
