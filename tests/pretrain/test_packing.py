@@ -12,12 +12,13 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from pretrain_testlib import TINY
 
 import elasticbert.backbone as backbone
 from data_prep.reader import PreparedCorpus
 from elasticbert import ElasticBertConfig, ElasticBertForPreTraining, exit_groups
 from pretrain.collation import IGNORE_INDEX, Collator, collate, pack, pack_rows
-from pretrain.config import RunConfig, config_problems
+from pretrain.config import RunConfig, config_problems, load_config
 from pretrain.data import (
     BlendedDataset,
     MaskingConfig,
@@ -236,3 +237,24 @@ def test_packing_is_the_default_and_is_refused_with_compile():
     cfg.train.compile = unpacked.train.compile = True
     assert any("train.compile=true needs data.packing=false" in p for p in config_problems(cfg))
     assert not any("packing" in p for p in config_problems(unpacked))
+
+
+def test_the_tiny_runs_of_the_resume_tests_pack(prepared_gutenberg, tmp_path):
+    """tests/pretrain/test_training.py and tests/faults/test_pretrain.py run configs/tiny_cpu.yaml on this data with
+    packing on by default: their first steps do hold packed micro-batches (so their exactness covers packing)."""
+    cfg = load_config(TINY)
+    corpus = PreparedCorpus(prepared_gutenberg, "train")
+    d = cfg.data
+    index, _, _ = load_or_build_index(corpus, "train", d.max_length, d.short_seq_prob, cfg.train.seed, [tmp_path])
+    dataset = PretrainingDataset(
+        corpus, index, MaskingConfig(d.max_length, d.masked_lm_prob, d.max_ngram, cfg.train.seed)
+    )
+    order = SampleOrder([len(dataset)], [1.0], cfg.train.seed)
+    collator = Collator(0, 8, d.packing, d.max_length)
+    batches = RankBatches(order, 0, cfg.train.global_batch_size, cfg.train.micro_batch_size, 0, 2)
+    micro = [
+        collator([{**dataset[i], "key": np.asarray([k, i])} for k, i in keys]) for keys, _ in zip(batches, range(12))
+    ]
+    packed = [b for b in micro if "sample_ids" in b]
+    print(f"{len(packed)} of {len(micro)} micro-batches packed")
+    assert d.packing and len(packed) >= 3
