@@ -21,7 +21,7 @@ from common.integrity import discard_seal
 from .configuration import ElasticBertConfig, validate_exit_layers
 from .dropout import Dropout, scaled_dot_product_attention
 from .gradient_equilibrium import equilibrium_weights, rescale_gradient
-from .masks import attention_mask_for_sdpa
+from .masks import attention_mask_for_sdpa, packed_attention_mask
 from .remote_code import AUTO_MAP, write_remote_code
 from .verification import verified_load, verify_pretrained_path
 
@@ -53,11 +53,24 @@ class ElasticBertEmbeddings(nn.Module):
         real = input_ids.ne(self.padding_idx).int()
         return (torch.cumsum(real, dim=1).type_as(real) * real).long() + self.padding_idx
 
+    def packed_position_ids(self, sample_ids: torch.Tensor) -> torch.Tensor:
+        """Positions of packed rows (`sample_ids`: [R, T], 1, 2, ... per text, 0 = padding): every text counts from
+        its own first token, as it would alone in a row (BERT: 0, 1, ...; RoBERTa: padding_idx + 1, ..., with
+        padding_idx at pads). Computed on the device from where the sample number changes: no host sync."""
+        index = torch.arange(sample_ids.shape[1], device=sample_ids.device).expand_as(sample_ids)
+        starts = torch.ones_like(sample_ids, dtype=torch.bool)
+        starts[:, 1:] = sample_ids[:, 1:] != sample_ids[:, :-1]
+        first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+        if self.padding_idx is None:
+            return index - first
+        return torch.where(sample_ids > 0, index - first + self.padding_idx + 1, self.padding_idx)
+
     def forward(
         self,
         input_ids: torch.Tensor,
         token_type_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        sample_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         seq_len = input_ids.shape[1]
         if seq_len > self.max_sequence_length:
@@ -66,7 +79,9 @@ class ElasticBertEmbeddings(nn.Module):
                 f"(max_position_embeddings={self.position_embeddings.num_embeddings})"
             )
         if position_ids is None:
-            position_ids = self.default_position_ids(input_ids)
+            position_ids = (
+                self.default_position_ids(input_ids) if sample_ids is None else self.packed_position_ids(sample_ids)
+            )
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
@@ -289,17 +304,30 @@ class ElasticBertModel(ElasticBertPreTrainedModel):
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_dict: bool | None = None,
+        sample_ids: torch.Tensor | None = None,
         **unused: object,
     ) -> ElasticBertModelOutput | tuple:
+        """`sample_ids` ([B, T], 1, 2, ... per text, 0 = padding) marks packed rows, several texts per row: each text
+        attends only to itself (`packed_attention_mask`), counts its positions from its own first token, and
+        `attention_mask` is then not read (the sample numbers say where the padding is). Without it, one text per
+        row, as in `BertModel`. A pooled output reads each row's first token: of packed rows, gather the texts'
+        [CLS] states from the hidden states instead (`ElasticBertForPreTraining` does)."""
         if unused:
             raise TypeError(f"ElasticBertModel.forward got unexpected arguments: {sorted(unused)}")
         all_states = self._wants_hidden_states(output_hidden_states, output_attentions)
         num_layers = self.config.num_hidden_layers
         exits = validate_exit_layers(exit_layers or range(1, num_layers + 1), num_layers)
         weights = equilibrium_weights(exits) if gradient_equilibrium else {}
-        attn_mask = attention_mask_for_sdpa(attention_mask)
+        if sample_ids is None:
+            attn_mask = attention_mask_for_sdpa(attention_mask)
+        elif sample_ids.shape != input_ids.shape:
+            raise ValueError(
+                f"sample_ids {tuple(sample_ids.shape)} must have the shape of input_ids {tuple(input_ids.shape)}"
+            )
+        else:
+            attn_mask = packed_attention_mask(sample_ids)
 
-        hidden = self.embeddings(input_ids, token_type_ids, position_ids)
+        hidden = self.embeddings(input_ids, token_type_ids, position_ids, sample_ids)
         computed = [hidden]
         outputs, pooled = [], []
         for index in range(exits[-1]):

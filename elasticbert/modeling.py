@@ -157,7 +157,11 @@ class ElasticBertForPreTraining(ElasticBertPreTrainedModel):
         heads = self.cls.predictions
         return F.linear(self.masked_lm_rows(exits, states, positions), heads.decoder.weight, heads.bias)
 
-    def sop_logits(self, layer: int, state: torch.Tensor) -> torch.Tensor:
+    def sop_logits(self, layer: int, state: torch.Tensor, cls_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """SOP logits of exit `layer` from each text's [CLS] state: each row's first token, or of packed rows the
+        flattened token `cls_positions` (one per text, in the texts' order)."""
+        if cls_positions is not None:
+            state = state.reshape(-1, state.shape[-1])[cls_positions].unsqueeze(1)  # [S, 1, H]: the pooler reads [:, 0]
         return self.cls.seq_relationship[layer - 1](self.elasticbert.encoder.pooler[layer - 1](state))
 
     def forward(
@@ -175,13 +179,24 @@ class ElasticBertForPreTraining(ElasticBertPreTrainedModel):
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_dict: bool | None = None,
+        sample_ids: torch.Tensor | None = None,
+        cls_positions: torch.Tensor | None = None,
     ) -> ElasticBertPreTrainingOutput | tuple:
+        """Packed rows (several texts per row, `pretrain.collation.pack`): `sample_ids` [R, T] (1, 2, ... per text, 0 =
+        padding; `ElasticBertModel`) and `cls_positions` [S] (each text's [CLS] as a flattened token index, in the
+        order of `sop_labels`). MLM reads the masked tokens wherever they are; SOP reads each text's own [CLS]."""
         mlm_labels, sop_labels = _pretraining_labels(mlm_labels, labels, sop_labels, sentence_order_label)
+        if (sample_ids is None) != (cls_positions is None):
+            raise ValueError(
+                "ElasticBertForPreTraining: packed rows need both sample_ids and cls_positions (each text's [CLS]); "
+                "pass neither for one text per row"
+            )
         encoded = self.elasticbert(
             input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             position_ids=position_ids,
+            sample_ids=sample_ids,
             exit_layers=active_exits,
             gradient_equilibrium=gradient_equilibrium,
             output_hidden_states=self._wants_hidden_states(output_hidden_states, output_attentions),
@@ -191,12 +206,12 @@ class ElasticBertForPreTraining(ElasticBertPreTrainedModel):
         if mlm_labels is None:
             output = ElasticBertPreTrainingOutput(
                 prediction_logits=self.cls.predictions.logits(exits[-1], states[-1]),
-                sop_logits=self.sop_logits(exits[-1], states[-1]),
+                sop_logits=self.sop_logits(exits[-1], states[-1], cls_positions),
                 hidden_states=encoded.hidden_states,
                 exit_layers=exits,
             )
         else:
-            output = self._losses(exits, states, mlm_labels, sop_labels)
+            output = self._losses(exits, states, mlm_labels, sop_labels, cls_positions)
             output.hidden_states = encoded.hidden_states
         return self._tuple_unless_dict(output, return_dict)
 
@@ -206,6 +221,7 @@ class ElasticBertForPreTraining(ElasticBertPreTrainedModel):
         states: tuple[torch.Tensor, ...],
         mlm_labels: torch.Tensor,
         sop_labels: torch.Tensor,
+        cls_positions: torch.Tensor | None = None,
     ) -> ElasticBertPreTrainingOutput:
         flat_labels = mlm_labels.reshape(-1)
         masked = (flat_labels != -100).nonzero(as_tuple=True)[0]
@@ -220,7 +236,9 @@ class ElasticBertForPreTraining(ElasticBertPreTrainedModel):
             mlm_loss = logits.sum() * 0.0 + torch.zeros(len(exits), device=logits.device)
             mlm_accuracy = torch.zeros(len(exits), device=logits.device)
 
-        sop_logits = torch.stack([self.sop_logits(layer, state) for layer, state in zip(exits, states)])  # [k, B, 2]
+        sop_logits = torch.stack(  # [k, B, 2]: B texts
+            [self.sop_logits(layer, state, cls_positions) for layer, state in zip(exits, states)]
+        )
         sop_loss = (
             F.cross_entropy(upcast(sop_logits).flatten(0, 1), sop_labels.repeat(len(exits)), reduction="none")
             .view(len(exits), -1)

@@ -112,6 +112,11 @@ class DataConfig:
     # Refuse a tokenizer that turns more than this share of the training text into [UNK] (data_prep's guard and
     # threshold, `common.vocab`); 1.0: never.
     max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION
+    # Training batches of examples of similar length (within pools of 50 batches, `finetune.data.LENGTH_POOL`), each
+    # padded to its longest: 2-5 % padding instead of 34-67 % on GLUE at batch 32 (README, "Length-grouped batches").
+    # Off by default: it changes which examples share a batch (the papers' runs draw random batches); the same
+    # examples, padded less, give the same per-exit losses (tests/finetune/test_length_grouping.py).
+    group_by_length: bool = False
 
 
 @dataclass

@@ -270,6 +270,9 @@ def _backend_encoder(tokenizer: PreTrainedTokenizerBase, max_length: int) -> _Ba
     return per_length[key]
 
 
+LENGTH_POOL = 50  # batches per rank that `group_by_length` sorts together (Hugging Face's "megabatch" of 50)
+
+
 def iterate_batches(
     tokenizer: PreTrainedTokenizerBase,
     examples: Sequence[Example],
@@ -280,21 +283,60 @@ def iterate_batches(
     drop_last: bool = False,
     shard: tuple[int, int] = (0, 1),
     start_batch: int = 0,
+    group_by_length: bool = False,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Encoded batches in file order (evaluation) or a seeded shuffle (training); tokenised lazily, batch by batch.
 
     `shard=(r, R)` yields only batches r, r + R, ... (data parallelism: the same shuffle on every rank).
     `start_batch=k` starts at this rank's k-th batch without tokenising the ones before (a resumed epoch).
+    `group_by_length`: batches of examples of similar length (`_length_grouped`), each padded to its longest.
     """
     order = list(range(len(examples)))
     if shuffle:
         random.Random(seed).shuffle(order)
     stop = len(order) - (len(order) % batch_size if drop_last else 0)
+    if group_by_length:
+        yield from _length_grouped(tokenizer, examples, order[:stop], batch_size, max_length, seed, shard, start_batch)
+        return
     rank, world = shard
     for start in range((rank + start_batch * world) * batch_size, stop, batch_size * world):
         chunk = [examples[i] for i in order[start : start + batch_size]]
         if chunk:
             yield encode_examples(tokenizer, chunk, max_length)
+
+
+def _length_grouped(
+    tokenizer: PreTrainedTokenizerBase,
+    examples: Sequence[Example],
+    order: list[int],
+    batch_size: int,
+    max_length: int,
+    seed: int,
+    shard: tuple[int, int],
+    start_batch: int,
+) -> Iterator[dict[str, torch.Tensor]]:
+    """`iterate_batches` with little padding: the shuffled order is cut into pools of `LENGTH_POOL` batches per
+    rank; each pool is tokenised once, sorted by length (longest first, ties in shuffled order), cut into batches,
+    and the batches are shuffled (seeded by the seed and the pool), so that lengths do not run in order over an
+    epoch. Batch j of a pool goes to rank j mod R, which gives every rank as many batches as without grouping (full
+    pools: `LENGTH_POOL` each), so the resume arithmetic (`start_batch`) is unchanged: whole pools before it are
+    skipped untokenised. The order is a pure function of (examples, seed, batch size, world size, tokenizer,
+    max_length): a resumed run sees the batches an uninterrupted one would."""
+    rank, world = shard
+    pool = LENGTH_POOL * batch_size * world
+    first_pool, skip = divmod(start_batch, LENGTH_POOL)
+    left_padded = getattr(tokenizer, "padding_side", "right") == "left"
+    for start in range(first_pool * pool, len(order), pool):
+        encoded = encode_examples(tokenizer, [examples[i] for i in order[start : start + pool]], max_length)
+        lengths = encoded["attention_mask"].sum(1)
+        by_length = torch.argsort(lengths, descending=True, stable=True)
+        batches = list(torch.split(by_length, batch_size))
+        random.Random(f"{seed}/{start}").shuffle(batches)
+        for rows in batches[rank::world][skip:]:
+            longest = int(lengths[rows].max())
+            cut = slice(-longest, None) if left_padded else slice(0, longest)
+            yield {key: value[rows][:, cut] if value.dim() == 2 else value[rows] for key, value in encoded.items()}
+        skip = 0
 
 
 def subsample(examples: Sequence[Example], limit: int | None, seed: int = 0) -> list[Example]:

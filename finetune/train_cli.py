@@ -116,6 +116,7 @@ OPTIONS: dict[str, tuple[tuple[str, str], ...]] = {
         ("data.max_unk_fraction", "refuse a tokenizer that makes more of the training text [UNK] (1: never)"),
         ("data.dev_subset_seed", "seed of that subset (the same rows for every --seed, and for early-exit "
          "--max-examples)"),
+        ("data.group_by_length", "training batches of similar-length examples (less padding; other batches)"),
     ),
     "method": (
         ("method.name", "multi-exit training method"),

@@ -410,6 +410,7 @@ class Trainer:
                 seed=cfg.train.seed * 1000 + epoch,
                 shard=(self.rank, self.world),
                 start_batch=skip,
+                group_by_length=cfg.data.group_by_length,
             )
             for batch in stream:
                 yield batch

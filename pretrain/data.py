@@ -9,6 +9,8 @@
   truncation and the masking, so sample i is the same whatever the number of workers, ranks or restarts.
 - `SampleOrder`: global position p (= consumed_samples + offset) -> (corpus, sample); corpora blended by weight,
   each in its own seeded epoch permutations. `RankBatches` gives rank r its disjoint slice of every global batch.
+- `train_loader`: this rank's micro-batches through a DataLoader, collated by `collation.Collator` (one sample per
+  padded row, or packed several to a row: `data.packing`).
 """
 
 from __future__ import annotations
@@ -33,12 +35,12 @@ from common.dist import resolve_env
 from common.errors import UserError
 from common.io import atomic_path, atomic_write_json
 
+from .collation import IGNORE_INDEX, Collator, collate  # noqa: F401 (collate: callers import it from here)
 from .stateless_random import Permutation, mix, splitmix64, uniform
 
 # 2: targets are a pure function of (seed, doc, sample number) — counter-based, not a sequential RNG stream — so the
 # index is built shard by shard, vectorised over documents; epoch shuffles are `Permutation`s, not stored tables.
 INDEX_VERSION = 2
-IGNORE_INDEX = -100
 
 
 class Corpus(Protocol):
@@ -451,7 +453,9 @@ class PretrainingDataset:
         budget = max(1, int(round((n_tok - 3) * self.masking.masked_lm_prob)))
         order = rng.permutation(num_words)
         ns = rng.choice(len(self.ngram_p), size=num_words, p=self.ngram_p) + 1
-        covered = np.zeros(num_words, dtype=bool)
+        # the span search on plain Python lists: numpy's per-element indexing was half of a sample's build time
+        seg, first, stop = seg_of_word.tolist(), word_pos.tolist(), word_end.tolist()
+        covered = [False] * num_words
         chosen: list[tuple[int, int]] = []
         count = 0
         for w, n in zip(order.tolist(), ns.tolist()):
@@ -459,13 +463,13 @@ class PretrainingDataset:
                 break
             for span in range(n, 0, -1):  # fall back to shorter spans that fit the budget / the segment
                 last = w + span - 1
-                if last >= num_words or seg_of_word[last] != seg_of_word[w] or covered[w : last + 1].any():
+                if last >= num_words or seg[last] != seg[w] or any(covered[w : last + 1]):
                     continue
-                size = int(word_end[last] - word_pos[w])
+                size = stop[last] - first[w]
                 if count + size > budget and count > 0:
                     continue
-                covered[w : last + 1] = True
-                chosen.append((int(word_pos[w]), int(word_end[last])))
+                covered[w : last + 1] = [True] * span
+                chosen.append((first[w], stop[last]))
                 count += size
                 break
         positions = np.concatenate([np.arange(s, e) for s, e in chosen]) if chosen else np.zeros(0, np.int64)
@@ -635,45 +639,6 @@ class BlendedDataset(torch.utils.data.Dataset):
         item = self.datasets[k][i]
         item["key"] = np.asarray([k, i], dtype=np.int64)
         return item
-
-
-def collate(items: list[dict[str, np.ndarray]], pad_id: int = 0, multiple: int = 8) -> dict[str, torch.Tensor]:
-    """Pad to the longest sample (rounded up to `multiple`): deterministic, and cheaper than max_length."""
-    longest = max(len(it["input_ids"]) for it in items)
-    length = -(-longest // multiple) * multiple
-    n = len(items)
-    input_ids = np.full((n, length), pad_id, dtype=np.int64)
-    types = np.zeros((n, length), dtype=np.int64)
-    labels = np.full((n, length), IGNORE_INDEX, dtype=np.int64)
-    attention = np.zeros((n, length), dtype=np.int64)
-    for r, it in enumerate(items):
-        t = len(it["input_ids"])
-        input_ids[r, :t] = it["input_ids"]
-        types[r, :t] = it["token_type_ids"]
-        labels[r, :t] = it["mlm_labels"]
-        attention[r, :t] = 1
-    batch = {
-        "input_ids": torch.from_numpy(input_ids),
-        "token_type_ids": torch.from_numpy(types),
-        "attention_mask": torch.from_numpy(attention),
-        "mlm_labels": torch.from_numpy(labels),
-        "sop_labels": torch.from_numpy(np.asarray([it["sop_label"] for it in items], dtype=np.int64)),
-    }
-    if "key" in items[0]:
-        batch["keys"] = torch.from_numpy(np.stack([it["key"] for it in items]))
-    return batch
-
-
-class Collator:
-    """Picklable collate with the pad id and the length multiple bound (DataLoader workers pickle it). A compiled
-    model gets every batch padded to `max_length` (multiple = max_length): one static shape, no recompiles."""
-
-    def __init__(self, pad_id: int, multiple: int = 8) -> None:
-        self.pad_id = pad_id
-        self.multiple = multiple
-
-    def __call__(self, items: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
-        return collate(items, self.pad_id, self.multiple)
 
 
 def train_loader(

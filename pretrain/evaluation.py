@@ -3,6 +3,10 @@
 
 Every rank runs the same number of micro-batches (ZeRO-3's parameter gathers need every rank in each forward), so
 the slice is the first `max_samples` samples cut to whole batches on every rank.
+
+Validation pads one sample per row even when training packs (`data.packing`): packing computes the same per-sample
+losses (tests/pretrain/test_packing.py), so nothing is gained in what it measures, while its cost is a small fixed
+slice every `eval.interval` steps; and `EvalSums` counts a batch's samples by its rows.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .data import Collator
+from .collation import Collator
 from .stats import EvalSums, Group
 
 
@@ -34,13 +38,14 @@ def evaluate(
     if not keys:
         return None
     exits = tuple(range(1, num_layers + 1))
+    one_per_row = collator.unpacked()
     sums = EvalSums.zeros(len(exits), engine.device)
     was_training = engine.module.training
     engine.eval()
     with torch.no_grad():
         for start in range(0, len(keys), micro):
             items = [valid[k][i] for k, i in keys[start : start + micro]]
-            batch = {name: t.to(engine.device) for name, t in collator(items).items()}
+            batch = {name: t.to(engine.device) for name, t in one_per_row(items).items()}
             out = engine(**batch, active_exits=exits, gradient_equilibrium=False)
             sums.add_batch(out, batch)
     if was_training:

@@ -152,7 +152,7 @@ class Trainer:
         layout = self.layout
         batches = RankBatches(self.order, self.consumed, layout.global_batch, layout.micro_batch, self.rank, self.world)
         pad_id = int(self.data.special_ids.get("pad", 0))  # compiled: every batch at max_length (one static shape)
-        self.collator = Collator(pad_id, d.max_length if self.cfg.train.compile else 8)
+        self.collator = Collator(pad_id, d.max_length if self.cfg.train.compile else 8, d.packing, d.max_length)
         self.loader = train_loader(self.data.train, batches, self.collator, d.num_workers, _worker_init)
         lg = self.cfg.logging
         self.metrics = MetricsLogger(

@@ -33,6 +33,7 @@ def train_args(corpus: Path, out: Path, precision: str, compiled: bool, device: 
     """`python -m pretrain train` arguments: ElasticBERT-base size on a GPU, the tiny config on the CPU."""
     sets = [
         f"train.compile={str(compiled).lower()}",
+        f"data.packing={str(not compiled).lower()}",  # the compiled step's static shapes exclude packing
         f"data.corpora=[{{name: synthetic, path: {corpus}, weight: 1.0}}]",
         f"train.train_steps={STEPS}",
         f"train.precision={precision}",

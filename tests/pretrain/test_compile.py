@@ -17,7 +17,12 @@ from pretrain.model_setup import compile_model
 pytestmark = pytest.mark.slow
 STEPS, SAVE_AT = 8, 4
 COMPILED = [f"train.train_steps={STEPS}", f"checkpoint.interval={SAVE_AT}", "train.zero_stage=2"]
-COMPILED += ["train.compile=true", "checkpoint.dump_final_weights=true", "logging.tensorboard=false"]
+COMPILED += [
+    "train.compile=true",
+    "data.packing=false",
+    "checkpoint.dump_final_weights=true",
+    "logging.tensorboard=false",
+]
 COMPILED += [f"eval.interval={SAVE_AT}", "eval.max_samples=32"]  # validation: another graph (eval mode, all exits)
 
 

@@ -209,10 +209,10 @@ def test_fp16_refused_on_cpu_with_a_way_out():
 def test_compile_refused_with_zero3_whichever_file_sets_the_stage():
     """ZeRO-3's parameter-gathering hooks break torch.compile (seen here: a traceback in the first forward)."""
     for json_name, overrides in (("zero3.json", []), ("zero1.json", ["train.zero_stage=3"])):
-        cfg = load_config(CONFIGS / "tiny_cpu.yaml", ["train.compile=true", *overrides])
+        cfg = load_config(CONFIGS / "tiny_cpu.yaml", ["train.compile=true", "data.packing=false", *overrides])
         with pytest.raises(ConfigError, match="train.compile=true needs ZeRO stage 0-2"):
             fill_ds_config(load_ds_json(DS / json_name), cfg, world_size=2, caps=A100)
-    ok = load_config(CONFIGS / "tiny_cpu.yaml", ["train.compile=true", "train.zero_stage=2"])
+    ok = load_config(CONFIGS / "tiny_cpu.yaml", ["train.compile=true", "data.packing=false", "train.zero_stage=2"])
     ds, _ = fill_ds_config(load_ds_json(DS / "zero3.json"), ok, world_size=2, caps=A100)
     assert ds["zero_optimization"]["stage"] == 2
 

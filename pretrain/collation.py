@@ -1,0 +1,157 @@
+"""How a micro-batch's samples become the model's tensors: one sample per padded row (`collate`), or several
+samples packed into each row of `max_length` (`pack_rows`, `pack`; `data.packing`), and the picklable `Collator`
+the DataLoader workers run.
+
+Packed rows keep everything that makes a step what it is: the same samples in the same order (per-sample tensors —
+SOP labels, [CLS] positions, keys — stay in batch order), the same masked tokens, and each sample alone in its
+attention and its positions (the model reads `sample_ids`: `elasticbert.masks.packed_attention_mask`). Only the
+padding goes: a step's losses and gradients are those of the padded step (tests/pretrain/test_packing.py).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+IGNORE_INDEX = -100  # the MLM label of a token that is not a target (cross-entropy's default ignore_index)
+# A micro-batch is packed only when that removes at least this share of its padded tokens (at 32 samples: one row);
+# otherwise it keeps one sample per padded row (the same losses). Why: attention over packed rows takes a
+# [rows, 1, T, T] mask, read for every head, where padded rows take a [rows, 1, 1, T] one: on CPU, hidden 768, seq
+# 512, the same 32 x 512 batch stepped as 32 packed rows took 1.01x the padded step (bench/packing.py, "the
+# block-diagonal mask alone"); a packed micro-batch that saves nothing would pay that for nothing.
+PACKING_MIN_SAVING = 0.02
+
+
+def collate(items: list[dict[str, np.ndarray]], pad_id: int = 0, multiple: int = 8) -> dict[str, torch.Tensor]:
+    """Pad to the longest sample (rounded up to `multiple`): deterministic, and cheaper than max_length."""
+    longest = max(len(it["input_ids"]) for it in items)
+    length = -(-longest // multiple) * multiple
+    n = len(items)
+    input_ids = np.full((n, length), pad_id, dtype=np.int64)
+    types = np.zeros((n, length), dtype=np.int64)
+    labels = np.full((n, length), IGNORE_INDEX, dtype=np.int64)
+    attention = np.zeros((n, length), dtype=np.int64)
+    for r, it in enumerate(items):
+        t = len(it["input_ids"])
+        input_ids[r, :t] = it["input_ids"]
+        types[r, :t] = it["token_type_ids"]
+        labels[r, :t] = it["mlm_labels"]
+        attention[r, :t] = 1
+    batch = {
+        "input_ids": torch.from_numpy(input_ids),
+        "token_type_ids": torch.from_numpy(types),
+        "attention_mask": torch.from_numpy(attention),
+        "mlm_labels": torch.from_numpy(labels),
+        "sop_labels": torch.from_numpy(np.asarray([it["sop_label"] for it in items], dtype=np.int64)),
+    }
+    if "key" in items[0]:
+        batch["keys"] = torch.from_numpy(np.stack([it["key"] for it in items]))
+    return batch
+
+
+def pack_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Which samples share which row: best-fit decreasing over the length histogram.
+
+    Samples are taken longest first (a counting sort over the `capacity + 1` possible lengths, ties in batch order);
+    each goes into the open row whose room left is the smallest that fits it (`bisect` over the sorted rooms), or
+    opens a new row. Deterministic (a pure function of the lengths), O(n log n + capacity) for n samples: 30-140 µs
+    for a micro-batch of 32 here (bench/packing.py). Within a row the samples keep their batch order. Returns the
+    rows as lists of sample indices, in the order they were opened."""
+    by_length: list[list[int]] = [[] for _ in range(capacity + 1)]
+    for i, n in enumerate(lengths):
+        if not 0 < n <= capacity:
+            raise ValueError(f"sample {i} has {n} tokens; a packed row holds 1..{capacity}")
+        by_length[n].append(i)
+    rows: list[list[int]] = []
+    rooms: list[tuple[int, int]] = []  # (room left, row), sorted: the best fit is the first with room >= n
+    for n in range(capacity, 0, -1):
+        for i in by_length[n]:
+            at = bisect.bisect_left(rooms, (n, -1))
+            if at == len(rooms):
+                row, room = len(rows), capacity - n
+                rows.append([i])
+            else:
+                room, row = rooms.pop(at)
+                rows[row].append(i)
+                room -= n
+            if room > 0:
+                bisect.insort(rooms, (room, row))
+    return [sorted(row) for row in rows]
+
+
+def pack(
+    items: list[dict[str, np.ndarray]],
+    pad_id: int = 0,
+    multiple: int = 8,
+    capacity: int = 512,
+    min_saving: float = PACKING_MIN_SAVING,
+) -> dict[str, torch.Tensor]:
+    """The samples of a micro-batch packed into rows of at most `capacity` tokens (`pack_rows`), each row padded to
+    the fullest row rounded up to `multiple` (at most `capacity`); `collate`'s one sample per padded row instead when
+    packing would remove less than `min_saving` of its tokens. Per token, as `collate` gives them: input_ids,
+    token_type_ids, mlm_labels, attention_mask (1 = a real token: the trainer's token and padding counts read it);
+    and what keeps the samples apart: sample_ids (1 + the sample's place in the batch, 0 = padding), from which the
+    model builds its block-diagonal attention mask and each sample's positions. Per sample, in batch order (the
+    micro-batch's samples and their order are unchanged): sop_labels, cls_positions (the flattened token index of
+    its [CLS]) and keys; sop_labels.numel() is the sample count, input_ids.shape[0] the row count."""
+    lengths = [len(it["input_ids"]) for it in items]
+    rows = pack_rows(lengths, capacity)
+    fill = max(sum(lengths[i] for i in row) for row in rows)
+    width = min(-(-fill // multiple) * multiple, capacity)
+    if len(rows) * width > (1 - min_saving) * len(items) * -(-max(lengths) // multiple) * multiple:
+        return collate(items, pad_id, multiple)
+    shape = (len(rows), width)
+    input_ids = np.full(shape, pad_id, dtype=np.int64)
+    types = np.zeros(shape, dtype=np.int64)
+    labels = np.full(shape, IGNORE_INDEX, dtype=np.int64)
+    sample_ids = np.zeros(shape, dtype=np.int64)
+    cls_positions = np.empty(len(items), dtype=np.int64)
+    for r, row in enumerate(rows):
+        at = 0
+        for i in row:
+            it, end = items[i], at + lengths[i]
+            input_ids[r, at:end] = it["input_ids"]
+            types[r, at:end] = it["token_type_ids"]
+            labels[r, at:end] = it["mlm_labels"]
+            sample_ids[r, at:end] = i + 1
+            cls_positions[i] = r * width + at
+            at = end
+    batch = {
+        "input_ids": torch.from_numpy(input_ids),
+        "token_type_ids": torch.from_numpy(types),
+        "attention_mask": torch.from_numpy((sample_ids > 0).astype(np.int64)),
+        "mlm_labels": torch.from_numpy(labels),
+        "sop_labels": torch.from_numpy(np.asarray([it["sop_label"] for it in items], dtype=np.int64)),
+        "sample_ids": torch.from_numpy(sample_ids),
+        "cls_positions": torch.from_numpy(cls_positions),
+    }
+    if "key" in items[0]:
+        batch["keys"] = torch.from_numpy(np.stack([it["key"] for it in items]))
+    return batch
+
+
+class Collator:
+    """Picklable collate with its settings bound (DataLoader workers pickle it): the pad id, the length multiple,
+    and whether samples are packed several to a row (`data.packing`: `pack`, rows of `max_length`) or padded one to
+    a row (`collate`). A compiled model gets every unpacked batch padded to `max_length` (multiple = max_length):
+    one static shape, no recompiles (packing varies the row count, so the config refuses it with `train.compile`)."""
+
+    def __init__(self, pad_id: int, multiple: int = 8, packing: bool = False, max_length: int | None = None) -> None:
+        if packing and max_length is None:
+            raise ValueError("Collator: packing needs max_length (the row capacity)")
+        self.pad_id = pad_id
+        self.multiple = multiple
+        self.packing = packing
+        self.max_length = max_length
+
+    def __call__(self, items: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+        if self.packing:
+            return pack(items, self.pad_id, self.multiple, self.max_length)
+        return collate(items, self.pad_id, self.multiple)
+
+    def unpacked(self) -> Collator:
+        """The same collation, one sample per row."""
+        return Collator(self.pad_id, self.multiple, False, self.max_length)
