@@ -88,18 +88,25 @@ def sample_flops(
 
 
 def training_flops_per_token(
-    config: ElasticBertConfig, active_exits: Iterable[int], seq_len: int, mask_fraction: float = 0.15
+    config: ElasticBertConfig,
+    active_exits: Iterable[int],
+    seq_len: float,
+    mask_fraction: float = 0.15,
+    sequences_per_token: float | None = None,
 ) -> float:
     """Useful matmul FLOPs per input token of one pre-training step (forward + backward = 3 × forward).
 
     Counts the encoder up to the deepest active exit, and per active exit the MLM transform + vocabulary projection at
-    masked positions only and the pooler + SOP classifier once per sequence.
+    masked positions only and the pooler + SOP classifier once per sequence. Samples of mixed lengths l_i: pass
+    `seq_len` = Σ l² / Σ l (the encoder's cost per token is linear in the length through attention, so this length
+    gives the exact sum) and `sequences_per_token` = samples / Σ l (default 1 / seq_len: equal lengths).
     """
     exits = list(active_exits)
     h, vocab = config.hidden_size, config.vocab_size
     encoder = layer_flops(config, seq_len).matmul * max(exits) / seq_len
     mlm = len(exits) * mask_fraction * 2 * (h * h + h * vocab)
-    sop = len(exits) * 2 * (h * h + 2 * h) / seq_len
+    per_token = 1 / seq_len if sequences_per_token is None else sequences_per_token
+    sop = len(exits) * 2 * (h * h + 2 * h) * per_token
     return 3 * (encoder + mlm + sop)
 
 

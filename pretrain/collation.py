@@ -133,6 +133,17 @@ def pack(
     return batch
 
 
+def sample_lengths(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Each sample's real length (float64, in batch order, on the batch's device) of a collated micro-batch: packed,
+    the tokens of each `sample_ids` value; padded, each row's mask. A scatter over the known sample count, not
+    `bincount`, whose output size would be read from the device (a host sync per micro-batch on a GPU)."""
+    if "sample_ids" in batch:
+        ids = batch["sample_ids"].reshape(-1)
+        counts = torch.zeros(batch["sop_labels"].numel() + 1, dtype=torch.float64, device=ids.device)
+        return counts.scatter_add_(0, ids, torch.ones_like(ids, dtype=torch.float64))[1:]
+    return batch["attention_mask"].sum(1, dtype=torch.float64)
+
+
 class Collator:
     """Picklable collate with its settings bound (DataLoader workers pickle it): the pad id, the length multiple,
     and whether samples are packed several to a row (`data.packing`: `pack`, rows of `max_length`) or padded one to

@@ -112,7 +112,10 @@ class MetricsLogger:
     def _scalars(self, record: dict[str, Any]) -> None:
         tb, step = self._tb, record["step"]
         tb.add_scalar("train/loss", record["loss"], step)
-        keys = ("lr", "grad_norm", "tokens_per_s", "mfu", "data_wait_s", "step_time_s", "loss_scale", "skipped_steps")
+        keys = (
+            "lr", "grad_norm", "tokens_per_s", "mfu", "data_wait_s", "step_time_s", "loss_scale", "skipped_steps",
+            "samples", "rows", "tokens", "padding_fraction",
+        )  # fmt: skip
         for key in keys:
             if record.get(key) is not None:
                 tb.add_scalar(f"train/{key}", record[key], step)

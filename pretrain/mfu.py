@@ -49,11 +49,16 @@ def model_flops_utilization(
     seconds: float,
     peak_per_device: float,
     world_size: int,
+    attended: float | None = None,
 ) -> float:
     """MFU of one optimizer step that trained `active_exits` on `tokens` real tokens (`masked` of them MLM
-    targets) in `samples` sequences, taking `seconds` on `world_size` devices."""
-    seq = tokens / samples
+    targets) in `samples` sequences, taking `seconds` on `world_size` devices. Only real tokens count: padding, and
+    the attention between packed samples that the mask forbids, are not useful work. `attended` = Σ over samples of
+    length² (the step's attention work); None: every sample taken at the mean length."""
+    if not tokens:
+        return 0.0
+    length = attended / tokens if attended else tokens / samples
     per_token = training_flops_per_token(
-        model_config, active_exits, max(int(round(seq)), 1), masked / tokens if tokens else 0.15
+        model_config, active_exits, max(length, 1.0), masked / tokens, sequences_per_token=samples / tokens
     )
     return per_token * tokens / seconds / (peak_per_device * world_size)

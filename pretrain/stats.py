@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from .collation import sample_lengths
+
 T = TypeVar("T", bound="_Reducible")
 
 
@@ -115,6 +117,9 @@ class StepStats(_Reducible):
     tokens: torch.Tensor  # () real (non-padding) tokens
     masked: torch.Tensor  # () MLM targets
     padded: torch.Tensor  # () tokens including padding
+    samples: torch.Tensor  # () sequences (packed: several to a row)
+    rows: torch.Tensor  # () rows the model ran (= samples unless packed)
+    attended: torch.Tensor  # () Σ over samples of length²: the attention work on real tokens (MFU)
     data_wait_s: torch.Tensor  # () seconds spent waiting for batches
     comm_s: torch.Tensor  # () seconds in DeepSpeed's collectives (logging.comm_timing; else 0)
     preempt_votes: torch.Tensor  # () ranks that were signalled to save and stop
@@ -137,6 +142,10 @@ class StepStats(_Reducible):
         self.tokens += batch["attention_mask"].sum()
         self.masked += (batch["mlm_labels"] != -100).sum()
         self.padded += batch["input_ids"].numel()
+        lengths = sample_lengths(batch)  # packed: several samples to a row
+        self.samples += lengths.numel()
+        self.rows += batch["input_ids"].shape[0]
+        self.attended += (lengths**2).sum()
 
     def vote_preemption(self, requested: bool) -> None:
         self.preempt_votes.fill_(1.0 if requested else 0.0)

@@ -14,10 +14,9 @@ Everything a resumed run needs is (step, consumed_samples) + DeepSpeed's model/o
 (per-sample seed), dropout (per-micro-step seed), lr and exit group (functions of step) are recomputed, not restored.
 
 The components the loop calls live beside it: checkpointer.py (resume, save, load: the commit protocol),
-evaluation.py (validation), corpora.py (data), model_setup.py (model), schedule.py (lr, seeds, when to save /
-evaluate), stats.py (what crosses the ranks), rank_report.py (start-up, memory, collective time per rank), mfu.py,
-precision.py (bf16/fp16/fp32 and the loss scaler), guards.py (what stops a run), metrics.py; the run directory and
-its lock are common.run_dir's.
+evaluation.py (validation), corpora.py + data.py + collation.py (data; packed rows), model_setup.py, schedule.py
+(lr, seeds, when to save / evaluate), stats.py (what crosses the ranks), rank_report.py (start-up, memory, comm time
+per rank), mfu.py, precision.py (bf16/fp16/fp32, loss scaler), guards.py (what stops a run), metrics.py; common.run_dir.
 """
 
 from __future__ import annotations
@@ -39,9 +38,10 @@ from common.run_dir import RunLock, prepare_run_dir, release_inherited_locks
 
 from .checkpoint import LATEST, read_latest
 from .checkpointer import Checkpointer, dump_weights, export_files_writer, nonfinite_weight_tensors
+from .collation import Collator
 from .config import RunConfig, validate, write_resolved_configs
 from .corpora import open_data
-from .data import Collator, RankBatches, SampleOrder, batch_digests, train_loader
+from .data import RankBatches, SampleOrder, batch_digests, train_loader
 from .ds_config import fill_ds_config, load_ds_json
 from .ds_runtime import import_deepspeed, quiet_deepspeed, set_op_build_arch
 from .evaluation import evaluate
@@ -149,8 +149,8 @@ class Trainer:
         self.order = SampleOrder(
             [len(c) for c in self.data.train], [c.weight for c in d.corpora], self.cfg.train.seed, d.blend_block
         )
-        layout = self.layout
-        batches = RankBatches(self.order, self.consumed, layout.global_batch, layout.micro_batch, self.rank, self.world)
+        lay = self.layout
+        batches = RankBatches(self.order, self.consumed, lay.global_batch, lay.micro_batch, self.rank, self.world)
         pad_id = int(self.data.special_ids.get("pad", 0))  # compiled: every batch at max_length (one static shape)
         self.collator = Collator(pad_id, d.max_length if self.cfg.train.compile else 8, d.packing, d.max_length)
         self.loader = train_loader(self.data.train, batches, self.collator, d.num_workers, _worker_init)
@@ -318,7 +318,9 @@ class Trainer:
             "lr": lr,
             "grad_norm": totals.grad_norm,
             **totals.exit_means(n),
-            "tokens": int(tokens),
+            "samples": int(v["samples"]),
+            "rows": int(v["rows"]),
+            "tokens": int(tokens),  # real tokens: packed or padded, padding never counts
             "tokens_per_s": tokens / elapsed,
             "padding_fraction": 1.0 - tokens / padded if padded else 0.0,
             "data_wait_s": v["data_wait_s"] / self.world,
@@ -330,7 +332,7 @@ class Trainer:
         }
         if self.peak:
             record["mfu"] = model_flops_utilization(
-                self.model_config, active, tokens, masked, self.layout.global_batch, elapsed, self.peak, self.world
+                self.model_config, active, tokens, masked, v["samples"], elapsed, self.peak, self.world, v["attended"]
             )
         self.metrics.step(record)
         return record

@@ -145,3 +145,40 @@ def test_a_preemption_vote_saves_at_the_step_boundary(tmp_path, corpus, clean_en
     finally:
         finish(trainer)
     assert [r["step"] for r in read_metrics(trainer.run_dir)] == [1, 2]
+
+
+def _records_of_two_steps(tmp_path: Path, corpus: Path, packing: bool) -> list[dict]:
+    trainer = started(
+        tmp_path,
+        corpus,
+        "fp32",
+        f"data.packing={str(packing).lower()}",
+        "data.short_seq_prob=0.5",
+        "logging.peak_tflops=1.0",
+        "model.hidden_dropout_prob=0.0",  # dropout masks are drawn per row: packed and padded would differ
+        "model.attention_probs_dropout_prob=0.0",
+    )
+    try:
+        batches = iter(trainer.loader)
+        for _ in range(2):
+            trainer.optimizer_step(batches)
+    finally:
+        finish(trainer)
+    return read_metrics(trainer.run_dir)
+
+
+def test_step_records_count_samples_rows_and_real_tokens_packed_or_not(tmp_path, corpus, clean_env):
+    """The same samples packed or padded: the same samples and real tokens per step, fewer rows and less padding
+    packed, and an MFU over real tokens only (the same useful work in both, so packed MFU = padded MFU x its time
+    ratio). Without dropout the same step, so the same loss."""
+    packed = _records_of_two_steps(tmp_path / "packed", corpus, True)
+    padded = _records_of_two_steps(tmp_path / "padded", corpus, False)
+    for p, q in zip(packed, padded):
+        assert p["samples"] == q["samples"] == 8  # global batch: 2 micro-batches of 4 on one rank
+        assert q["rows"] == 8 and p["rows"] <= q["rows"]
+        assert p["tokens"] == q["tokens"] and p["loss"] == pytest.approx(q["loss"], rel=1e-5)
+        assert p["padding_fraction"] <= q["padding_fraction"]
+        useful_p = p["mfu"] * p["step_time_s"]
+        useful_q = q["mfu"] * q["step_time_s"]
+        assert useful_p == pytest.approx(useful_q, rel=1e-6)  # MFU's numerator: real work, not rows
+    assert sum(p["rows"] for p in packed) < sum(q["rows"] for q in padded)  # some micro-batch did pack
