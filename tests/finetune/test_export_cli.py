@@ -68,7 +68,8 @@ def test_export_errors_are_one_message_naming_the_cause(tmp_path, capsys):
     args = ["export", "--model", str(tmp_path / "best"), "--output", str(tmp_path / "fnlp"), "--layout", "fnlp"]
     assert _run(args, capsys)[0] == 0
     code, _, err = _run(args, capsys)
-    assert code == 2 and f"--output {tmp_path / 'fnlp'} exists and is not empty (pass --overwrite" in err
+    assert code == 2 and f"--output {tmp_path / 'fnlp'} holds a model in the official ElasticBERT layout" in err
+    assert "pass --overwrite to replace it" in err
     assert _run(args + ["--overwrite"], capsys)[0] == 0
 
     _best(tmp_path / "mha", exit_type="mha", exit_layers=[2, 3])
@@ -78,9 +79,9 @@ def test_export_errors_are_one_message_naming_the_cause(tmp_path, capsys):
     code, _, err = _run(["export", "--model", str(tmp_path / "nowhere"), "--output", str(tmp_path / "y")], capsys)
     assert code == 2 and f"--model {tmp_path / 'nowhere'}: no such directory" in err
 
-    code, _, err = _run(["export", "--model", str(tmp_path / "best"), "--output", str(tmp_path / "best")], capsys)
-    assert code == 2 and "exists and is not empty" in err
-    code, _, err = _run(
-        ["export", "--model", str(tmp_path / "best"), "--output", str(tmp_path / "best"), "--overwrite"], capsys
-    )
-    assert code == 2 and "is the model directory itself" in err and (tmp_path / "best" / "model.safetensors").is_file()
+    for extra in ([], ["--overwrite"]):
+        code, _, err = _run(
+            ["export", "--model", str(tmp_path / "best"), "--output", str(tmp_path / "best"), *extra], capsys
+        )
+        assert code == 2 and f"--output {tmp_path / 'best'} is the input --model" in err, err
+        assert (tmp_path / "best" / "model.safetensors").is_file()
