@@ -9,6 +9,7 @@ import json
 import math
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -125,22 +126,22 @@ def test_two_threads_run_small_batches_on_one_thread_and_equal_one_thread(models
 
     model, export = models["mha"]
     one, two = OnnxLayers(export, "fp32", threads=1), OnnxLayers(export, "fp32", threads=2)
-    assert one.parallel_layers is one.layers and two.parallel_layers is not two.layers
-    for session in (*two.layers, *two.parallel_layers, *two.exits.values(), two.embeddings):
+    assert one.parallel_steps is one.steps and two.parallel_steps is not two.steps
+    for session in (*two.steps, *two.parallel_steps):
         assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
-    assert two.parallel_layers[0].get_session_options().intra_op_num_threads == 2
-    assert two.layers[0].get_session_options().intra_op_num_threads == 1
+    assert two.parallel_steps[0].get_session_options().intra_op_num_threads == 2
+    assert two.steps[0].get_session_options().intra_op_num_threads == 1
     used = []
-    for name in ("layers", "parallel_layers"):
+    for name in ("steps", "parallel_steps"):
         sessions = getattr(two, name)
         monkeypatch.setattr(two, name, [_Recorded(s, used, name) for s in sessions])
     rule = _rules(model, sst2_dev)["entropy"]
     _compare(one, two, sst2_dev, 1, rule, 1e-5)
-    assert set(used) == {"layers"}
+    assert set(used) == {"steps"}
     used.clear()
     _compare(one, two, sst2_dev, 32, rule, 1e-5)
     assert sst2_dev.input_ids.shape[0] * int(sst2_dev.lengths.max()) >= onnx_runtime.PARALLEL_MIN_TOKENS
-    assert "parallel_layers" in used
+    assert "parallel_steps" in used
 
 
 class _Recorded:
@@ -165,9 +166,9 @@ def test_int8_stays_within_the_eager_int8_band(classifier, models, sst2_dev):
     ids, mask, types = sst2_dev.input_ids, sst2_dev.attention_mask, sst2_dev.token_type_ids
     with torch.inference_mode():
         states = model(ids, attention_mask=mask, token_type_ids=types, output_hidden_states=True).hidden_states
-    hidden, layer_mask, real = ort.embed(ids, types, None), ort.layer_mask(mask), mask.bool()
-    for index, reference in enumerate(states[1:]):
-        hidden = ort.run_layer(index, hidden, layer_mask)
+    hidden, real = (ids, types, None), mask.bool()
+    for index, reference in enumerate(states[1:-1]):  # the last step returns no hidden states (nothing follows)
+        hidden = ort.step(index, hidden, mask, True, False).hidden
         cosine = float(torch.nn.functional.cosine_similarity(reference[real], hidden[real], dim=-1).mean())
         assert 0.95 <= cosine < 0.9999
 
@@ -191,19 +192,21 @@ def test_int8_answers_do_not_depend_on_the_batch(kind, models, sst2_dev):
 
 def test_int8_pieces_mean_the_same_after_graph_optimization(exported, sst2_dev):
     """The int8 graph is what ONNX Runtime runs: optimized (ORT_ENABLE_ALL, as `OnnxLayers` opens it) and not, a
-    layer's output agrees. (Scaling the int32 product by the token's and weight's scales multiplied first is fused
+    step's output agrees on every real token. (Scaling the int32 product by the token's and weight's scales multiplied first is fused
     by ORT_ENABLE_EXTENDED into MatMulIntegerToFloat, which misreads that product: max error 4.4 on a linear.)"""
     import onnxruntime as ort
 
     ids, mask = sst2_dev.input_ids[:8], sst2_dev.attention_mask[:8]
-    hidden = OnnxLayers(exported, "int8", threads=1).embed(ids, None, None).numpy()
+    hidden = OnnxLayers(exported, "int8", threads=1).step(0, (ids, ids * 0, None), mask, True, False).hidden.numpy()
     outputs = []
     for level in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
         options = ort.SessionOptions()
         options.graph_optimization_level = level
-        session = ort.InferenceSession(str(exported / "onnx" / "layer_0.int8.onnx"), options)
-        outputs.append(session.run(None, {"hidden": hidden, "mask": mask.numpy()})[0])
-    assert float(abs(outputs[0] - outputs[1]).max()) <= 1e-4
+        session = ort.InferenceSession(str(exported / "onnx" / "step_1.int8.onnx"), options)
+        feeds = {"hidden": hidden, "mask": mask.numpy(), "exit_rows": np.array([8])}
+        outputs.append(session.run(None, feeds)[0])
+    real = mask.numpy().astype(bool)  # padding positions carry masked noise, which no real token reads
+    assert float(abs(outputs[0] - outputs[1])[real].max()) <= 1e-4
 
 
 def test_round_trip_and_classifier(models, exported, save_classifier, tmp_path):
@@ -223,16 +226,16 @@ def test_round_trip_and_classifier(models, exported, save_classifier, tmp_path):
 def test_refusals(saved_model, exported, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(exported, copy)
-    (copy / "onnx" / "layer_0.onnx").unlink()
-    with pytest.raises(UserError, match="layer_0.onnx: missing"):
+    (copy / "onnx" / "step_0.onnx").unlink()
+    with pytest.raises(UserError, match="step_0.onnx: missing"):
         OnnxLayers(copy)
     shutil.rmtree(copy)
     shutil.copytree(exported, copy)
-    piece = copy / "onnx" / "exit_1.onnx"
+    piece = copy / "onnx" / "step_1.onnx"
     data = bytearray(piece.read_bytes())
     data[len(data) // 2] ^= 0x01
     piece.write_bytes(bytes(data))
-    with pytest.raises(UserError, match="exit_1.onnx: contents differ"):
+    with pytest.raises(UserError, match="step_1.onnx: contents differ"):
         OnnxLayers(copy)
     with pytest.raises(ConfigError, match="not an ONNX early-exit export"):
         EarlyExitClassifier.from_pretrained(saved_model, runtime="onnxruntime")

@@ -61,14 +61,16 @@ def test_predictions_equal_early_exits_per_sample_records(
         assert record["exit_layer"] == int(sample["exit_layer"])
         assert record["flops"] == int(sample["flops"])
         assert record["tokens"] == int(sample["length"])
-    # probabilities: the engine's logits on the same rows and batches
+    # probabilities: the engine's logits on the same rows. predict's layer queues batch a row with other rows than
+    # early-exit's fixed batches of 8 do after the first layer: fp32 float noise (~1e-7), which the fixture's spread
+    # heads amplify ~1e3 (test_engine.py)
     split = EncodedSplit.from_examples(
         load_tokenizer(saved_model), load_split(get_task("SST-2"), small_glue, "dev"), 128
     )
     result, _ = run_dataset(model, split.batches(8), make_rule("entropy", entropy_tau, 2))
     wanted = torch.softmax(result.logits.double(), -1)
     got = torch.tensor([[r["probabilities"][names[k]] for k in range(2)] for r in records], dtype=torch.double)
-    torch.testing.assert_close(got, wanted, atol=1e-6, rtol=0)
+    torch.testing.assert_close(got, wanted, atol=1e-3, rtol=0)
     # the same point taken from the sweep's result by name, and by a rule
     by_name = tmp_path / "by_name.jsonl"
     point = f"{result_json}:entropy={entropy_tau}"
