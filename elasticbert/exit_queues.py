@@ -7,7 +7,8 @@ runs the layer (and its exit), and the rows whose rule does not fire join the ne
 rows of later inputs that reach the same layer. `pump` runs every queue that holds a full batch, deepest first (the
 rows nearest to their answer, and the queues stay at most two batches deep); `flush` then runs what is left, shallowest
 first, so that the partial batches merge on their way down (at most one partial call per layer). A row never waits
-longer than `max_wait` seconds in a queue when one is set (`pump` runs a late queue's partial batch).
+longer than `max_wait` seconds after its submission for rows to share its calls with, when a bound is set (`pump`
+runs a late row's partial batches).
 
 Rows of different lengths share a layer call: each batch is right-padded to its longest row and masked (attention per
 row), and a row's padding is cut again as it leaves a batch. The rule's per-row state (PABEE's and PCEE's counters,
@@ -93,7 +94,7 @@ def _map(fn: Callable[[torch.Tensor], torch.Tensor], x: Any) -> Any:
 class _Block:
     """Rows waiting at one layer, as one batch right-padded to its longest row: `inputs` (hidden states [b, T, d], or
     before the first layer the embedding inputs), `mask` [b, T] and the rule's per-row `state` on the device;
-    `slots` (each row's output slot) and `lengths` on the host; `since`: when the rows entered the queue."""
+    `slots` (each row's output slot) and `lengths` on the host; `since`: when the oldest of them was submitted."""
 
     __slots__ = ("inputs", "mask", "slots", "lengths", "state", "since")
 
@@ -114,13 +115,15 @@ class _Block:
         lengths = self.lengths[index]
         longest = int(lengths.max())
         rows = index if isinstance(index, slice) else index.to(self.mask.device)
-        return _Block(
+        block = _Block(
             _map(lambda t: t[rows, :longest], self.inputs if inputs is None else inputs),
             self.mask[rows, :longest],
             self.slots[index],
             lengths,
             {key: value[rows] for key, value in self.state.items()},
         )
+        block.since = self.since
+        return block
 
     def split(self, n: int) -> tuple[_Block, _Block]:
         """The first `n` rows and the rest (views), each cut to its longest row."""
@@ -157,6 +160,19 @@ def _join(blocks: list[_Block]) -> _Block:
     return joined
 
 
+def _nearest(lengths: torch.Tensor, size: int, anchor: int = 0) -> torch.Tensor:
+    """Indices of `size` of the rows with `lengths`: row `anchor` (the oldest) and the others of the run of `size`
+    rows in length order around it that pads least (sorted)."""
+    order = torch.argsort(lengths, stable=True)
+    ranked = lengths[order]
+    where = int((order == anchor).nonzero()[0])
+    first, last = max(0, where - size + 1), min(where, len(lengths) - size)
+    windows = ranked.unfold(0, size, 1)[first : last + 1]  # each candidate run of `size` rows holding row 0
+    padding = windows.max(1).values * size - windows.sum(1)
+    start = first + int(padding.argmin())
+    return torch.sort(order[start : start + size]).values
+
+
 @dataclass
 class Finished:
     """Rows that left, in the order they left: output `slots` and what each left with (logits on the host)."""
@@ -173,9 +189,10 @@ class Finished:
 
 class ExitQueues:
     """The early-exit engine over a `LayerRunner` (or a model: its eager runner) and an exit rule; see the module
-    docstring. `batch_size`: the rows of a full layer call; `max_wait`: the longest, in seconds, a row waits in a
-    queue for its batch to fill (None: until it fills or `flush`); `exit_layers`: the exits the engine may use
-    (default: all the model has)."""
+    docstring. `batch_size`: the rows of a full layer call; `max_wait`: the longest, in seconds, an input waits for
+    rows to share its layer calls with, counted from its submission (None: until its batches fill or `flush`); once
+    late, its rows run at every layer without waiting; `exit_layers`: the exits the engine may use (default: all the
+    model has)."""
 
     def __init__(
         self,
@@ -235,12 +252,14 @@ class ExitQueues:
         slots = torch.arange(self.next_slot, self.next_slot + rows)
         self.next_slot += rows
         state = self.rule.initial_state(rows, device)
-        self._enqueue(0, _Block(inputs, attention_mask[:, :longest].to(device), slots, lengths, state))
+        block = _Block(inputs, attention_mask[:, :longest].to(device), slots, lengths, state)
+        block.since = self.clock()
+        self._enqueue(0, block)
         return range(int(slots[0]), self.next_slot)
 
     def pump(self) -> None:
-        """Run every full batch (deepest queue first), and the partial batch of any queue whose oldest row has
-        waited more than `max_wait`."""
+        """Run every full batch (deepest queue first), and the partial batch of any queue holding a row submitted
+        more than `max_wait` ago (shallowest first)."""
         with torch.inference_mode():
             while True:
                 index = next((i for i in range(self.last - 1, -1, -1) if self.counts[i] >= self.batch_size), None)
@@ -265,6 +284,12 @@ class ExitQueues:
         if not done:
             empty = torch.empty(0, dtype=torch.long)
             return Finished(empty, torch.empty(0, 0), empty, empty, empty)
+        if len(done) == 1:  # one call's rows (a request served alone): no concatenation
+            slots, logits, layer, count, lengths = done[0]
+            rows = slots.shape[0]
+            return Finished(
+                slots, logits.float().cpu(), torch.full((rows,), layer), torch.full((rows,), count), lengths
+            )
         slots, logits, layers, counts, lengths = zip(*done)
         sizes = torch.tensor([len(s) for s in slots])
         return Finished(
@@ -285,28 +310,51 @@ class ExitQueues:
     def _late(self) -> int | None:
         if self.max_wait is None:
             return None
-        now = self.clock()
-        return next((i for i, q in enumerate(self.queues) if q and now - q[0].since > self.max_wait), None)
+        due = self.clock() - self.max_wait
+        return next((i for i, q in enumerate(self.queues) if q and min(b.since for b in q) < due), None)
 
     def _enqueue(self, index: int, block: _Block) -> None:
-        block.since = self.clock()
         self.queues[index].append(block)
         self.counts[index] += block.rows
 
     def _take(self, index: int) -> _Block:
-        """Up to `batch_size` rows from the front of queue `index`, as one batch."""
-        queue, need, taken = self.queues[index], self.batch_size, []
-        while need and queue:
-            block = queue[0]
-            if block.rows > need:
-                taken_part, queue[0] = block.split(need)
-                queue[0].since = block.since
-                taken.append(taken_part)
-                need = 0
-            else:
-                taken.append(queue.popleft())
-                need -= block.rows
-        self.counts[index] -= self.batch_size - need
+        """Up to `batch_size` rows of queue `index`, as one batch: all of them when they fit, else a row of the oldest
+        input there and the rows nearest to it in length (`_nearest`), so that a full batch carries little padding
+        and no row waits behind rows that came later. One block (a submitted batch, already in length order) is
+        taken from the front."""
+        queue, limit = self.queues[index], self.batch_size
+        if self.counts[index] <= limit or len(queue) == 1:
+            taken, need = [], limit
+            while need and queue:
+                block = queue[0]
+                if block.rows > need:
+                    taken_part, queue[0] = block.split(need)
+                    taken.append(taken_part)
+                    need = 0
+                else:
+                    taken.append(queue.popleft())
+                    need -= block.rows
+            self.counts[index] -= limit - need
+            return _join(taken)
+        oldest = min(range(len(queue)), key=lambda i: queue[i].since)
+        chosen = _nearest(
+            torch.cat([block.lengths for block in queue]), limit, sum(b.rows for b in list(queue)[:oldest])
+        )
+        taken, kept, start = [], deque(), 0
+        for block in queue:
+            mine = chosen[(chosen >= start) & (chosen < start + block.rows)] - start
+            start += block.rows
+            if len(mine) == block.rows:
+                taken.append(block)
+                continue
+            if len(mine):
+                rest = torch.ones(block.rows, dtype=torch.bool)
+                rest[mine] = False
+                taken.append(block.select(mine))
+                block = block.select(rest.nonzero().squeeze(1))
+            kept.append(block)
+        self.queues[index] = kept
+        self.counts[index] -= limit
         return _join(taken)
 
     def _finish(self, slots: torch.Tensor, lengths: torch.Tensor, logits: torch.Tensor, layer: int) -> None:

@@ -4,7 +4,6 @@ LTE), int8 close to eager int8, and the refusals (missing piece, flipped byte, p
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import shutil
@@ -26,30 +25,9 @@ from finetune.onnx_runtime import OnnxLayers  # noqa: E402
 from finetune.predict import EarlyExitClassifier  # noqa: E402
 
 
-def _conditioned(model, seed):
-    """`model` with exit heads that do not amplify float noise: the fixtures' spread heads scale rounding ~1e3 on
-    purpose (test_engine.py), so their logits cannot show a 1e-5 agreement; here weights ~N(0, 9/d), bias 0."""
-    model = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for head in model.exits.values():
-            weight = head.classifier.weight
-            weight.copy_(torch.randn(weight.shape, generator=g) * (3.0 / weight.shape[1] ** 0.5))
-            head.classifier.bias.zero_()
-    return model.eval()
-
-
 @pytest.fixture(scope="module")
-def models(classifier, mha_classifier, save_classifier, tmp_path_factory):
-    """{kind: (eager model, its ONNX export)} for linear and MHA exits, conditioned heads."""
-    out = {}
-    for kind, model in (("linear", classifier), ("mha", mha_classifier)):
-        model = _conditioned(model, seed=3)
-        model_dir = save_classifier(model, tmp_path_factory.mktemp(kind), finetuning_task="SST-2")
-        export = tmp_path_factory.mktemp(f"onnx_{kind}") / "export"
-        export_onnx(model_dir, export, max_length=128)
-        out[kind] = (model, export)
-    return out
+def models(onnx_models):
+    return onnx_models
 
 
 @pytest.fixture(scope="module")
@@ -192,8 +170,9 @@ def test_int8_answers_do_not_depend_on_the_batch(kind, models, sst2_dev):
 
 def test_int8_pieces_mean_the_same_after_graph_optimization(exported, sst2_dev):
     """The int8 graph is what ONNX Runtime runs: optimized (ORT_ENABLE_ALL, as `OnnxLayers` opens it) and not, a
-    step's output agrees on every real token. (Scaling the int32 product by the token's and weight's scales multiplied first is fused
-    by ORT_ENABLE_EXTENDED into MatMulIntegerToFloat, which misreads that product: max error 4.4 on a linear.)"""
+    step's output agrees on every real token. (Scaling the int32 product by the token's and weight's scales
+    multiplied first is fused by ORT_ENABLE_EXTENDED into MatMulIntegerToFloat, which misreads that product: max
+    error 4.4 on a linear.)"""
     import onnxruntime as ort
 
     ids, mask = sst2_dev.input_ids[:8], sst2_dev.attention_mask[:8]
@@ -254,3 +233,39 @@ def test_a_setting_calibrated_at_int8_is_refused_at_fp32(saved_model, tmp_path):
     assert served.setting.strategy == "entropy" and served.max_length == 64
     with pytest.raises(UserError, match="chosen at int8"):
         EarlyExitClassifier.from_pretrained(out, runtime="onnxruntime", precision="fp32")
+
+
+def test_a_format_1_export_is_refused_with_the_command_that_re_exports_it(exported, tmp_path):
+    """Format 1 ran the embeddings, each layer and each exit head as separate pieces; format 2 runs one fused step
+    per layer. An old export is refused by name, with the command that writes it again - not served half-read."""
+    from common.integrity import seal
+
+    old = tmp_path / "old"
+    shutil.copytree(exported, old)
+    manifest = json.loads((old / MANIFEST).read_text())
+    manifest.update(format="elasticbert-onnx-early-exit/1", source="runs/sst2/best")
+    (old / MANIFEST).write_text(json.dumps(manifest))
+    (old / "checksums.json").unlink()
+    seal(old)
+    with pytest.raises(ConfigError, match=r"no longer served.*finetune export --layout onnx --model runs/sst2/best"):
+        OnnxLayers(old)
+
+
+def test_one_session_run_per_layer_call(models, sst2_dev):
+    """The export's steps fuse the embeddings into the first layer and each exit head into its layer: the engine
+    runs one session per layer call, at batch 1 and 32 alike, and none for an exit the rule does not need."""
+    model, export = models["mha"]
+    ort = OnnxLayers(export, "int8", threads=1)
+    manifest = json.loads((export / MANIFEST).read_text())
+    assert manifest["format"].endswith("/2") and len(manifest["pieces"]["steps"]["int8"]) == 6
+    runs = []
+    ort.steps = [_Recorded(s, runs, i) for i, s in enumerate(ort.steps)]
+    ort.parallel_steps = ort.steps
+    rule = _rules(model, sst2_dev)["entropy"]()
+    ids, mask, types = sst2_dev.input_ids, sst2_dev.attention_mask, sst2_dev.token_type_ids
+    n = int(sst2_dev.lengths[0])
+    alone = run_batch(ort, ids[:1, :n], mask[:1, :n], types[:1, :n], rule)
+    assert runs == list(range(int(alone.exit_layers[0])))  # one run per layer reached, embeddings and exit inside
+    runs.clear()
+    static = run_batch(ort, ids, mask, types, make_rule("static", None, 2))
+    assert runs == list(range(6)) and static.exits_evaluated.eq(1).all()  # inner heads run on no rows
