@@ -186,3 +186,23 @@ def test_stdin_is_streamed(saved_model, entropy_tau, dev_texts):
     assert [a["label"] for a in answers] == [w["label"] for w in want]
     for got, wanted in zip(answers, want):  # batchings differ: float noise, amplified by the spread heads
         assert got["probabilities"] == pytest.approx(wanted["probabilities"], abs=2e-3)
+
+
+def test_a_fast_pipe_is_answered_in_order_and_max_wait_is_checked(saved_model, entropy_tau, dev_texts):
+    """Every line at once on stdin: the queues fill across arrivals, and the answers still come one per line, in
+    order, equal to the batch call's; a negative --max-wait is refused in one line."""
+    argv = [sys.executable, "-m", "finetune", "predict", "--model", str(saved_model), "--strategy", "entropy"]
+    argv += ["--threshold", f"{entropy_tau}", "--threads", "1", "--batch-size", "4"]
+    texts = [*dev_texts, "", *dev_texts[:3]]
+    proc = subprocess.run(
+        [*argv, "--max-wait", "0.5"], input="\n".join(texts) + "\n", capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    answers = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(answers) == len(texts) and answers[len(dev_texts)]["flag"] == "empty"
+    want = EarlyExitClassifier.from_pretrained(saved_model, strategy="entropy", threshold=entropy_tau).predict(texts)
+    assert [a.get("exit_layer") for a in answers] == [w.get("exit_layer") for w in want]
+    assert [a.get("label") for a in answers] == [w.get("label") for w in want]
+    refused = subprocess.run([*argv, "--max-wait", "-1"], input="x\n", capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0 and "--max-wait must be >= 0" in refused.stderr
+    assert "Traceback" not in refused.stderr
