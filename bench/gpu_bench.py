@@ -31,6 +31,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import queued_gpu  # noqa: E402
 from elasticbert import ElasticBertConfig, ElasticBertForPreTraining, exit_groups  # noqa: E402
 from elasticbert.flops import training_flops_per_token  # noqa: E402
 from pretrain.model_setup import compile_model  # noqa: E402
@@ -290,6 +291,7 @@ def _detail_tables(results: dict) -> list[str]:
                 f"{r['ratio']:.2f} |"
             )
         lines.append("")
+    lines += queued_gpu.report_lines(results.get("early_exit_queued") or [])
     return lines
 
 
@@ -369,6 +371,7 @@ def main() -> int:
         results["pretrain"].append(pretrain_step(args.device, seqs[0], 2, args.quick, compiled=True))
     if "early_exit" in args.parts:
         results["early_exit"] = early_exit_ratios(args.device, args.quick)
+        results["early_exit_queued"] = queued_gpu.queued_early_exit_ratios(args.device, args.quick)  # issue 48
     (args.output / "gpu_check.json").write_text(json.dumps(results, indent=1))
     (args.output / "gpu_check.md").write_text(report(results))
     print(report(results))

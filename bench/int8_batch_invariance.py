@@ -10,7 +10,8 @@ shows what per token costs and buys, on one layer of an export, against that pie
 - error against fp32 (max |Δ hidden|) and batch dependence (max |Δ| of the first input alone vs inside the batch);
 - ms per run at batch 1 (a request), 32 short rows, 8 long rows; best of `--rounds` interleaved rounds.
 
-Real inputs: dev sentences through the export's tokenizer and embeddings piece.
+Real inputs: dev sentences through the export's tokenizer and first step (the layer measured is a later step without
+its exit head, `onnx.utils.extract_model`).
 
     .venv/bin/python bench/int8_batch_invariance.py --export exports/sst2_onnx --task SST-2
 """
@@ -45,7 +46,8 @@ def session(path: Path):
 
 
 def hidden_states(export: Path, texts: list[str], rows: int, length: int) -> tuple[np.ndarray, np.ndarray]:
-    """`rows` dev texts through the export's tokenizer and embeddings piece, padded or cut to `length` tokens."""
+    """`rows` dev texts through the export's tokenizer and first step (embeddings and layer 0, fp32), padded or cut
+    to `length` tokens: the hidden states layer 1 reads."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(export / "tokenizer.json"))
@@ -54,28 +56,32 @@ def hidden_states(export: Path, texts: list[str], rows: int, length: int) -> tup
     encodings = tokenizer.encode_batch(texts[:rows])
     ids = np.array([e.ids for e in encodings], dtype=np.int64)
     mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
-    embeddings = session(export / "onnx" / "embeddings.onnx")
-    hidden = embeddings.run(None, {"input_ids": ids, "token_type_ids": np.zeros_like(ids)})[0]
-    return hidden, mask
+    first = session(export / "onnx" / "step_0.onnx")
+    feeds = {"input_ids": ids, "token_type_ids": np.zeros_like(ids), "mask": mask, "exit_rows": np.zeros(1, np.int64)}
+    wanted = {i.name for i in first.get_inputs()}
+    return first.run(["hidden_out"], {k: v for k, v in feeds.items() if k in wanted})[0], mask
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--export", type=Path, required=True, help="a `finetune export --format onnx` directory")
     parser.add_argument("--task", default="SST-2", help="GLUE task whose dev sentences feed the layer")
-    parser.add_argument("--layer", type=int, default=0)
+    parser.add_argument("--layer", type=int, default=1, help="a layer after the first (the first reads token ids)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args(argv)
+    from onnx.utils import extract_model
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     pieces = args.export / "onnx"
-    fp32, int8 = pieces / f"layer_{args.layer}.onnx", pieces / f"layer_{args.layer}.int8.onnx"
+    steps = pieces / f"step_{args.layer}.onnx", pieces / f"step_{args.layer}.int8.onnx"
     manifest = json.loads((pieces / "manifest.json").read_text()) if (pieces / "manifest.json").is_file() else {}
-    if not (fp32.is_file() and int8.is_file()) or not str(manifest.get("int8", "")).startswith("per-token"):
-        sys.exit(f"{args.export}: not an ONNX export with per-token int8 pieces (finetune export --format onnx)")
+    if args.layer < 1 or not all(p.is_file() for p in steps) or not str(manifest.get("int8", "")).startswith("per-"):
+        sys.exit(f"{args.export}: no step {args.layer} with per-token int8 (finetune export --format onnx, format 2)")
     with tempfile.TemporaryDirectory() as work:
-        per_tensor = Path(work) / "per_tensor.onnx"
+        fp32, int8, per_tensor = (Path(work) / name for name in ("fp32.onnx", "int8.onnx", "per_tensor.onnx"))
+        for step, layer in zip(steps, (fp32, int8)):  # the layer alone: the step without its exit head
+            extract_model(str(step), str(layer), ["hidden", "mask"], ["hidden_out"])
         quantize_dynamic(str(fp32), str(per_tensor), weight_type=QuantType.QInt8, per_channel=True)
         sessions = {"fp32": session(fp32), PER_TENSOR: session(per_tensor), "int8 per token (export)": session(int8)}
     texts = [e.text_a for e in load_split(get_task(args.task), GLUE_DIR, "dev")]

@@ -1,30 +1,31 @@
-"""Serving on CPU: ours (early exit × int8) against what a user would deploy instead, side by side in one run.
+"""Serving early exit, measured: each runtime's full model against the early-exit engine on it, side by side.
 
-For a fine-tuned multi-exit model and a real dev set (texts in, labels out; tokenisation included everywhere), the
-inputs/s and accuracy of:
+For fine-tuned multi-exit models and their real dev sets (texts in, labels out; tokenisation included everywhere), at
+each batch size (inputs handed to every configuration `B` at a time, in dev-set order) and thread count:
 
-- `pipeline` fp32      — `transformers.pipeline("text-classification")` on the model, full depth: the anchor a user has
-- ORT fp32 / ORT int8  — the full model exported to ONNX (opset 17) and run by ONNX Runtime (graph optimisation
-                          ORT_ENABLE_ALL; int8: `onnxruntime.quantization.quantize_dynamic`, QInt8 per-channel
-                          weights — the optimum route), batches padded to their longest row as a user would
-- ours full fp32 / int8 — `EarlyExitClassifier` with the static rule (the full model; int8: `elasticbert.precision`)
-- ours EE fp32 / EE int8 — entropy early exit at the fastest threshold within `--within` points (default 1.0) of the
-                          full fp32 model's dev accuracy, each chosen on logits of its own precision
-- ours-ORT EE fp32 / int8 — the same engine and rule on ONNX Runtime: the model exported as pieces
-                          (`finetune export --format onnx`, `finetune.onnx_runtime`), each threshold chosen on the
-                          logits of its own runtime and precision the same way
+- full models, the reference of their runtime: `torch fp32 full` / `torch int8 full` (the model's own forward, int8:
+  `elasticbert.precision`), `ORT fp32 full` / `ORT int8 full` (the whole model exported as one ONNX graph, int8 by
+  `onnxruntime.quantization.quantize_dynamic` with per-channel weights — the optimum route; ORT_ENABLE_ALL); each
+  tokenises with the tokenizer's Rust batch call (no `transformers` call around it) and pads a batch to its longest
+  row, as a user serving the full model would;
+- early exit (`EarlyExitClassifier.stream`: the per-layer queues, every layer call a full batch of B rows of
+  whatever inputs reached it, answers in input order): `torch fp32 EE`, `torch int8 EE`, `ORT fp32 EE`,
+  `ORT int8 EE` (the export's fused steps, per-token int8), and `ORT int8 EE per batch` — the same engine flushed
+  after every batch (each batch runs until its deepest row leaves: what the engine did before the queues);
+- `pipeline fp32`: `transformers.pipeline("text-classification")` on the full model, the anchor a user starts from.
 
-at batch 1 and 32 and 1 and 2 threads (torch, ONNX Runtime and the Rust tokenizer alike; every configuration is
-handed the inputs `batch` at a time, in dev-set order, and tokenises them per batch), plus the latency of each input
-served alone (batch 1: p50 and p99 per configuration; one pass, the configurations interleaved input by input).
-Timing is interleaved: every round runs each configuration once over the whole dev set, and the best of `--rounds` is
-kept per configuration (the machine is shared; best-of-N is the least noisy). The thresholds are chosen on the same
-dev rows they are scored on (ELUE's protocol; optimistic by the choice itself, equally for fp32 and int8), as the
-lowest accuracy of batch 1 and of batches of 32 in arrival order (eager int8 quantizes activations per tensor, so its
-logits move with the batch; the ORT int8 pieces quantize per token and answer the same in both). Needs
-onnxruntime and onnx (`pip install '.[bench]'`).
+Per configuration and cell: inputs/s (best of `--rounds` interleaved rounds: every round runs each configuration once
+over the whole dev set, the machine is shared), p50 / p99 latency per input (from the moment its batch is handed in
+to the moment its answer is handed out, in input order; of the best round), mean FLOPs per input (ELUE conventions),
+accuracy, the ratio to the full model on the same runtime and precision, and wall ÷ FLOPs (that ratio over the
+FLOPs speed-up: 1.0 when the wall time follows the FLOPs). Each early-exit threshold is chosen on its own runtime's
+logits, as the fewest mean FLOPs whose dev accuracy stays within `--within` points of the full fp32 model (ELUE's
+protocol: chosen on the rows it is scored on, equally for every runtime); eager int8 quantizes activations per
+tensor, so its logits move with the batch: its threshold must hold one input at a time and 32 at a time in arrival
+order (the other runtimes answer an input the same in any batch). `--device cuda` runs the torch rows on a GPU (CUDA
+graphs for the early-exit engine; int8 rows are CPU-only). Needs onnxruntime and onnx (`pip install '.[bench]'`).
 
-    .venv/bin/python bench/serving.py --model SST-2=runs/sst2/best --model MRPC=runs/mrpc/best
+    .venv/bin/python bench/serving.py --model SST-2=runs/sst2/best --model MRPC=runs/mrpc/best --rounds 2
     .venv/bin/python bench/serving.py --model SST-2=runs/sst2/best --max-examples 64 --rounds 1   # a quick look
 
 Writes OUTPUT/results.json and OUTPUT/section.md (default docs/results/serving).
@@ -33,7 +34,6 @@ Writes OUTPUT/results.json and OUTPUT/section.md (default docs/results/serving).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import platform
 import sys
@@ -47,28 +47,34 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.serving_report import section  # noqa: E402
+from elasticbert.exit_queues import EarlyExitResult, ExitQueues  # noqa: E402
 from elasticbert.exit_setting import EarlyExitSetting  # noqa: E402
 from elasticbert.precision import for_inference  # noqa: E402
 from experiments.common import GLUE_DIR, RESULTS_DIR, write_json  # noqa: E402
 from finetune.data import EncodedSplit, load_tokenizer, subsample  # noqa: E402
-from finetune.early_exit import make_rule, per_sample_flops, run_dataset, static_flops  # noqa: E402
+from finetune.early_exit import make_rule, per_sample_flops, static_flops  # noqa: E402
+from finetune.inputs import TextInput  # noqa: E402
 from finetune.model import load_finetuned  # noqa: E402
 from finetune.predict import EarlyExitClassifier, trained_max_length  # noqa: E402
 from finetune.tasks import get_task, load_split  # noqa: E402
 
-CONFIGS = (
-    "pipeline fp32",
-    "ORT fp32",
-    "ORT int8",
-    "ours full fp32",
-    "ours full int8",
-    "ours EE fp32",
-    "ours EE int8",
-    "ours-ORT EE fp32",
-    "ours-ORT EE int8",
-)
-GOAL = "ours-ORT EE int8"
+# configuration -> (runtime and precision: the full model it is compared with, early exit or not)
+CONFIGS = {
+    "pipeline fp32": ("pipeline", False),
+    "torch fp32 full": ("torch fp32", False),
+    "torch int8 full": ("torch int8", False),
+    "ORT fp32 full": ("ORT fp32", False),
+    "ORT int8 full": ("ORT int8", False),
+    "torch fp32 EE": ("torch fp32", True),
+    "torch int8 EE": ("torch int8", True),
+    "ORT fp32 EE": ("ORT fp32", True),
+    "ORT int8 EE": ("ORT int8", True),
+    "ORT int8 EE per batch": ("ORT int8", True),
+}
+GOAL = "ORT int8 EE"
 ENTROPY_GRID = np.round(np.linspace(0.01, 0.66, 40), 4)  # fractions of ln 2 from 1.5 % to 95 %
+Run = Callable[[int], tuple[list[int], list[float]]]  # batch size -> (label ids, seconds per input), input order
 
 
 class FullModel(nn.Module):
@@ -116,250 +122,295 @@ def onnx_sessions(model: nn.Module, work: Path, threads: int) -> dict:
     }
 
 
-def calibrate(model: nn.Module, split: EncodedSplit, labels: np.ndarray, floor: float, points: int = 40) -> dict:
-    """The entropy threshold with the fewest mean FLOPs whose dev accuracy is ≥ `floor` (on this model's logits)
-    however the inputs are served — one at a time, and 32 at a time in arrival order, as the timed cells take them
-    (eager int8 quantizes activations per tensor, so its logits move with the batch: the lower accuracy counts) —, among
-    `points` of `ENTROPY_GRID` (evenly spaced)."""
-    servings = (split.batches(1), split.batches(32, sort_by_length=False))
+def rust_encoder(tokenizer, max_length: int) -> Callable[[list], dict[str, np.ndarray]]:
+    """The tokenizer's Rust backend, truncating to `max_length` and padding a batch to its longest row."""
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.enable_truncation(max_length, strategy="longest_first")
+    backend.enable_padding(pad_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token)
+
+    def encode(texts: list) -> dict[str, np.ndarray]:
+        encodings = backend.encode_batch(texts) if len(texts) > 1 else [backend.encode(*_parts(texts[0]))]
+        ids, mask, types = zip(*((e.ids, e.attention_mask, e.type_ids) for e in encodings))
+        return {
+            "input_ids": np.array(ids, dtype=np.int64),
+            "attention_mask": np.array(mask, dtype=np.int64),
+            "token_type_ids": np.array(types, dtype=np.int64),
+        }
+
+    return encode
+
+
+def _parts(text: str | tuple[str, str]) -> tuple:
+    return (text,) if isinstance(text, str) else text
+
+
+def full_runner(texts: list, encode: Callable, forward: Callable[[dict], np.ndarray]) -> Run:
+    """The full model on `texts`, `batch` at a time in order: (label ids, each input's latency)."""
+
+    def run(batch: int) -> tuple[list[int], list[float]]:
+        labels, latency = [], []
+        for start in range(0, len(texts), batch):
+            began = time.perf_counter()
+            chunk = texts[start : start + batch]
+            labels += forward(encode(chunk)).argmax(-1).tolist()
+            latency += [time.perf_counter() - began] * len(chunk)
+        return labels, latency
+
+    return run
+
+
+def torch_forward(model: nn.Module) -> Callable[[dict], np.ndarray]:
+    device = model.device
+
+    def forward(feed: dict) -> np.ndarray:
+        with torch.inference_mode():
+            tensors = {key: torch.from_numpy(value).to(device) for key, value in feed.items()}
+            out = model(**tensors, exit_layers=[model.exit_layers[-1]], early_exit=False)
+            return out.logits.float().cpu().numpy()
+
+    return forward
+
+
+def early_exit_runner(classifier: EarlyExitClassifier, inputs: list[TextInput], label_of: dict, queued: bool) -> Run:
+    """The classifier's stream fed `batch` inputs at a time; `queued`: rows wait at their layer for rows of later
+    batches (flushed at the end), else each batch is flushed before the next is handed in."""
+
+    def run(batch: int) -> tuple[list[int], list[float]]:
+        stream = classifier.stream(batch)
+        handed: list[float] = []
+        labels, latency = [], []
+
+        def collect() -> None:
+            now = time.perf_counter()
+            for _, record in stream.ready():
+                labels.append(label_of[record["label"]])
+                latency.append(now - handed[len(latency)])
+
+        for start in range(0, len(inputs), batch):
+            chunk = inputs[start : start + batch]
+            handed += [time.perf_counter()] * len(chunk)
+            stream.submit(chunk)
+            if not queued or batch == 1:
+                stream.flush()
+            collect()
+        stream.flush()
+        collect()
+        run.fill = stream.engine.fill()  # rows per layer call / B, for the report
+        return labels, latency
+
+    return run
+
+
+def pipeline_runner(model: nn.Module, tokenizer, texts: list, max_length: int, label_of: dict) -> Run:
+    from transformers import pipeline
+
+    model.config.early_exit = {"strategy": "static"}  # the full model at any batch size
+    classify = pipeline("text-classification", model=model, tokenizer=tokenizer, device=model.device)
+    items = [t if isinstance(t, str) else {"text": t[0], "text_pair": t[1]} for t in texts]
+
+    def run(batch: int) -> tuple[list[int], list[float]]:
+        labels, latency = [], []
+        for start in range(0, len(items), batch):
+            began = time.perf_counter()
+            chunk = items[start : start + batch]
+            outputs = classify(chunk, batch_size=batch, truncation=True, max_length=max_length)
+            labels += [label_of[o["label"]] for o in outputs]
+            latency += [time.perf_counter() - began] * len(chunk)
+        return labels, latency
+
+    return run
+
+
+def engine_pass(runner, rule, split: EncodedSplit, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """(predictions, FLOPs) per row of `split` through the queue engine, `batch` rows handed in at a time in order."""
+    engine = ExitQueues(runner, rule, batch_size=batch)
+    for start in range(0, len(split), batch):
+        rows = slice(start, start + batch)
+        longest = int(split.lengths[rows].max())
+        engine.submit(*(t[rows, :longest] for t in (split.input_ids, split.attention_mask, split.token_type_ids)))
+        engine.pump()
+    engine.flush()
+    done = engine.take()
+    order = torch.argsort(done.slots)
+    result = EarlyExitResult(
+        done.logits[order], done.exit_layers[order], done.lengths[order], done.exits_evaluated[order], engine.exits
+    )
+    return result.predictions.numpy(), per_sample_flops(runner.config, result)[0]
+
+
+def calibrate(runner, split: EncodedSplit, labels: np.ndarray, floor: float, points: int, both: bool) -> dict:
+    """The entropy threshold with the fewest mean FLOPs whose dev accuracy is ≥ `floor` on this runner's logits,
+    among `points` of `ENTROPY_GRID`; `both`: it must hold one input at a time too (eager int8: per-tensor scales)."""
     best = None
-    for tau in ENTROPY_GRID[np.linspace(0, len(ENTROPY_GRID) - 1, min(points, len(ENTROPY_GRID))).round().astype(int)]:
-        accuracy, flops = math.inf, 0.0
-        for batches in servings:
-            result, _ = run_dataset(model, batches, make_rule("entropy", float(tau), model.config.num_labels))
-            accuracy = min(accuracy, 100 * float((result.predictions.numpy() == labels).mean()))
-            flops = max(flops, float(per_sample_flops(model.config, result)[0].mean()))
+    picks = ENTROPY_GRID[np.linspace(0, len(ENTROPY_GRID) - 1, min(points, len(ENTROPY_GRID))).round().astype(int)]
+    for tau in picks:
+        accuracy, flops = np.inf, 0.0
+        for batch in (32, 1) if both else (32,):
+            predictions, per_row = engine_pass(runner, make_rule("entropy", float(tau), 2), split, batch)
+            accuracy = min(accuracy, 100 * float((predictions == labels).mean()))
+            flops = max(flops, float(per_row.mean()))
         if accuracy >= floor and (best is None or flops < best["mean_flops"]):
             best = {"threshold": float(tau), "accuracy": accuracy, "mean_flops": flops}
     return best or {"threshold": None}
 
 
-def early_exit_rule(calibrated: dict) -> EarlyExitSetting:
+def setting_of(calibrated: dict) -> EarlyExitSetting:
     """The entropy rule at the calibrated threshold, or the full model when no threshold kept the accuracy."""
     if calibrated["threshold"] is None:
         return EarlyExitSetting("static")
     return EarlyExitSetting("entropy", calibrated["threshold"])
 
 
-def runners(
-    task, model_dir: Path, examples, tokenizer, max_length: int, thresholds: dict, sessions: dict, onnx: dict
-) -> dict:
-    """Configuration name -> run(batch_size, rows) returning label ids of `rows` (default: all) in input order, texts
-    in, tokenisation included. `onnx`: precision -> the export's `OnnxLayers` at this thread count."""
-    from transformers import pipeline
+def runners(context: dict, threads: int, args: argparse.Namespace) -> dict[str, Run]:
+    """Configuration name -> its `Run`, at `threads` threads."""
+    from finetune.onnx_runtime import OnnxLayers
 
-    model = load_finetuned(model_dir, require_trained=True).eval()
-    # the anchor: the full model (the static rule: every layer, the last exit), whatever setting the directory saved.
-    # (Without a setting the forward returns every exit's logits, which a pipeline cannot split into samples once a
-    # batch holds more rows than the model has exits.)
-    model.config.early_exit = {"strategy": "static"}
-    texts = [e.text_a if e.text_b is None else (e.text_a, e.text_b) for e in examples]
-    label_of = {name: i for i, name in model.config.id2label.items()}
-    classify = pipeline("text-classification", model=model, tokenizer=tokenizer, device="cpu")
-    pipeline_inputs = [t if isinstance(t, str) else {"text": t[0], "text_pair": t[1]} for t in texts]
+    model, tokenizer, texts = context["model"], context["tokenizer"], context["texts"]
+    inputs, label_of, thresholds = context["inputs"], context["label_of"], context["thresholds"]
+    sessions = onnx_sessions(model, context["work"], threads)
+    encode = rust_encoder(tokenizer, context["max_length"])
+    eager = {"fp32": model.to(args.device)}
+    if args.device == "cpu":
+        eager["int8"] = for_inference(model, "int8")
+    out: dict[str, Run] = {}
+    if args.pipeline:
+        out["pipeline fp32"] = pipeline_runner(model, tokenizer, texts, context["max_length"], label_of)
+    for precision, m in eager.items():
+        out[f"torch {precision} full"] = full_runner(texts, encode, torch_forward(m))
+    for name, session in sessions.items():
+        out[f"{name} full"] = full_runner(texts, encode, lambda feed, s=session: s.run(None, feed)[0])
 
-    def pick(items: list, rows: list[int] | None) -> list:
-        return items if rows is None else [items[i] for i in rows]
+    def classifier(runner, precision: str, key: str) -> EarlyExitClassifier:
+        setting = setting_of(thresholds[key])
+        task, length = context["task"], context["max_length"]
+        return EarlyExitClassifier(runner, tokenizer, setting, max_length=length, task=task, precision=precision)
 
-    def run_pipeline(batch_size: int, rows: list[int] | None = None) -> list[int]:
-        inputs = pick(pipeline_inputs, rows)
-        outputs = classify(inputs, batch_size=batch_size, truncation=True, max_length=max_length)
-        return [label_of[o["label"]] for o in outputs]
-
-    def ort_runner(session) -> Callable[..., list[int]]:
-        def run(batch_size: int, rows: list[int] | None = None) -> list[int]:
-            out, chosen = [], pick(texts, rows)
-            for start in range(0, len(chosen), batch_size):
-                pairs = [c if isinstance(c, tuple) else (c, None) for c in chosen[start : start + batch_size]]
-                firsts, seconds = [p[0] for p in pairs], [p[1] for p in pairs]
-                enc = tokenizer(
-                    firsts,
-                    seconds if task.is_pair else None,
-                    padding=True,
-                    truncation=True,
-                    max_length=max_length,
-                    return_tensors="np",
-                )
-                feed = {k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")}
-                out += session.run(None, feed)[0].argmax(-1).tolist()
-            return out
-
-        return run
-
-    def ours(runner, setting: EarlyExitSetting, precision: str) -> Callable[..., list[int]]:
-        classifier = EarlyExitClassifier(
-            runner, tokenizer, setting, max_length=max_length, task=task, precision=precision
+    for precision, m in eager.items():
+        out[f"torch {precision} EE"] = early_exit_runner(
+            classifier(m, precision, f"torch {precision}"), inputs, label_of, True
         )
-
-        def run(batch_size: int, rows: list[int] | None = None) -> list[int]:
-            # inputs arrive `batch_size` at a time, as the other configurations take them (tokenised per batch too)
-            chosen, out = pick(texts, rows), []
-            for start in range(0, len(chosen), batch_size):
-                records = classifier.predict(chosen[start : start + batch_size], batch_size=batch_size)
-                out += [label_of[r["label"]] for r in records]
-            return out
-
-        return run
-
-    return {
-        "pipeline fp32": run_pipeline,
-        "ORT fp32": ort_runner(sessions["ORT fp32"]),
-        "ORT int8": ort_runner(sessions["ORT int8"]),
-        "ours full fp32": ours(model, EarlyExitSetting("static"), "fp32"),
-        "ours full int8": ours(model, EarlyExitSetting("static"), "int8"),
-        "ours EE fp32": ours(model, early_exit_rule(thresholds["fp32"]), "fp32"),
-        "ours EE int8": ours(model, early_exit_rule(thresholds["int8"]), "int8"),
-        "ours-ORT EE fp32": ours(onnx["fp32"], early_exit_rule(thresholds["ORT fp32"]), "fp32"),
-        "ours-ORT EE int8": ours(onnx["int8"], early_exit_rule(thresholds["ORT int8"]), "int8"),
-    }
+    for precision in ("fp32", "int8"):
+        pieces = classifier(OnnxLayers(context["export"], precision, threads), precision, f"ORT {precision}")
+        out[f"ORT {precision} EE"] = early_exit_runner(pieces, inputs, label_of, True)
+        if precision == "int8":
+            out["ORT int8 EE per batch"] = early_exit_runner(pieces, inputs, label_of, False)
+    return out
 
 
-def latencies(run: dict, n: int) -> dict:
-    """Each input served alone (batch 1), the configurations interleaved input by input: ms per input, p50 / p99."""
-    times: dict[str, list[float]] = {name: [] for name in run}
-    for i in range(n):
-        for name in run:
-            start = time.perf_counter()
-            run[name](1, [i])
-            times[name].append(time.perf_counter() - start)
-    return {
-        name: {"p50_ms": 1e3 * float(np.percentile(t, 50)), "p99_ms": 1e3 * float(np.percentile(t, 99))}
-        for name, t in times.items()
-    }
-
-
-def time_cell(run: dict, batch_size: int, rounds: int, labels: np.ndarray) -> tuple[dict, dict]:
-    """Best-of-`rounds` seconds per configuration over the whole dev set (interleaved), and accuracy."""
-    best, accuracy = dict.fromkeys(run, float("inf")), {}
+def time_cell(run: dict[str, Run], batch: int, rounds: int, labels: np.ndarray) -> dict:
+    """Per configuration: best-of-`rounds` seconds over the whole dev set (interleaved), that round's latencies,
+    the accuracy, and the load average around the rounds."""
+    best: dict = {name: {"seconds": np.inf} for name in run}
+    loads = [os.getloadavg()[0]]
     for _ in range(rounds):
-        for name in run:
+        for name, serve in run.items():
             start = time.perf_counter()
-            predictions = run[name](batch_size)
-            best[name] = min(best[name], time.perf_counter() - start)
-            accuracy[name] = 100 * float((np.array(predictions) == labels).mean())
-    return best, accuracy
+            predictions, latency = serve(batch)
+            seconds = time.perf_counter() - start
+            if seconds < best[name]["seconds"]:
+                best[name] = {
+                    "seconds": seconds,
+                    "p50_ms": 1e3 * float(np.percentile(latency, 50)),
+                    "p99_ms": 1e3 * float(np.percentile(latency, 99)),
+                    "accuracy": 100 * float((np.array(predictions) == labels).mean()),
+                }
+                if hasattr(serve, "fill"):
+                    best[name]["fill"] = serve.fill
+        loads.append(os.getloadavg()[0])
+    return {"configs": best, "load_average": loads}
 
 
 def onnx_export(model_dir: Path, work: Path, max_length: int) -> Path:
-    """The model as ONNX pieces (`finetune export --format onnx`), once per model."""
-    from finetune.onnx_export import export_onnx
+    """The model as ONNX steps (`finetune export --format onnx`), once per model."""
+    from finetune.onnx_export import FORMAT, MANIFEST, export_onnx
 
     out = work / "ee_onnx"
-    if not (out / "checksums.json").is_file():
+    manifest = out / MANIFEST
+    if not (out / "checksums.json").is_file() or FORMAT not in manifest.read_text(encoding="utf-8"):
         export_onnx(model_dir, out, max_length=max_length, overwrite=True)
     return out
 
 
-def bench_task(task_name: str, model_dir: Path, args: argparse.Namespace) -> dict:
+def prepare(task_name: str, model_dir: Path, args: argparse.Namespace) -> dict:
+    """What every cell of a task shares: data, model, export, thresholds per runtime."""
     from finetune.onnx_runtime import OnnxLayers
 
     task = get_task(task_name)
     examples = subsample(load_split(task, GLUE_DIR, "dev"), args.max_examples)
-    labels = np.array([int(e.label) for e in examples])
-    tokenizer = load_tokenizer(model_dir)
-    max_length = trained_max_length(model_dir)
+    tokenizer, max_length = load_tokenizer(model_dir), trained_max_length(model_dir)
     split = EncodedSplit.from_examples(tokenizer, examples, max_length)
+    labels = np.array([int(e.label) for e in examples])
     model = load_finetuned(model_dir, require_trained=True).eval()
+    model.config.early_exit = None
     torch.set_num_threads(1)
-    full = run_dataset(model, split.batches(32), make_rule("static", None, model.config.num_labels))[0]
-    full_accuracy = 100 * float((full.predictions.numpy() == labels).mean())
+    work = args.work_dir / task.name
+    export = onnx_export(model_dir, work, max_length)
+    full, _ = engine_pass(model, make_rule("static", None, model.config.num_labels), split, 32)
+    full_accuracy = 100 * float((full == labels).mean())
     floor = full_accuracy - args.within
-    export = onnx_export(model_dir, args.work_dir / task.name, max_length)
-    points = args.grid_points
-    thresholds = {p: calibrate(for_inference(model, p), split, labels, floor, points) for p in ("fp32", "int8")}
-    for p in ("fp32", "int8"):
-        thresholds[f"ORT {p}"] = calibrate(OnnxLayers(export, p, threads=1), split, labels, floor, points)
-    full_flops = float(static_flops(model.config, split.lengths, model.exit_layers[-1]).mean())
+    candidates = {"torch fp32": model, **{f"ORT {p}": OnnxLayers(export, p, 1) for p in ("fp32", "int8")}}
+    if args.device == "cpu":
+        candidates["torch int8"] = for_inference(model, "int8")
+    thresholds = {
+        key: calibrate(runner, split, labels, floor, args.grid_points, both=key == "torch int8")
+        for key, runner in candidates.items()
+    }
     print(f"{task.name}: full fp32 accuracy {full_accuracy:.2f}; thresholds {thresholds}", flush=True)
-    table: dict = {name: {} for name in CONFIGS}
-    for threads in args.threads:
-        torch.set_num_threads(threads)
-        # the Rust tokenizer's batch encoding uses every core unless told not to: one thread means one thread here too
-        os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
-        sessions = onnx_sessions(model, args.work_dir / task.name, threads)
-        onnx = {p: OnnxLayers(export, p, threads=threads) for p in ("fp32", "int8")}
-        run = runners(task, model_dir, examples, tokenizer, max_length, thresholds, sessions, onnx)
-        for batch_size in args.batch_sizes:
-            key = f"b{batch_size}_t{threads}"
-            best, accuracy = time_cell(run, batch_size, args.rounds, labels)
-            for name in CONFIGS:
-                table[name].setdefault("inputs_per_s", {})[key] = len(examples) / best[name]
-                table[name].setdefault("accuracy", {})[key] = accuracy[name]
-            line = "  ".join(f"{n} {len(examples) / best[n]:.0f}/s" for n in CONFIGS)
-            print(f"{task.name} {key}: {line}", flush=True)
-        if 1 in args.batch_sizes and args.latency:
-            for name, row in latencies(run, len(examples)).items():
-                table[name].setdefault("latency_b1", {})[f"t{threads}"] = row
-                print(
-                    f"{task.name} latency b1 t{threads} {name}: p50 {row['p50_ms']:.2f} ms, p99 {row['p99_ms']:.2f} ms"
-                )
+    texts = [e.text_a if e.text_b is None else (e.text_a, e.text_b) for e in examples]
     return {
-        "examples": len(examples),
+        "task": task,
+        "model": model.to(args.device),
+        "tokenizer": tokenizer,
         "max_length": max_length,
-        "model": str(model_dir),
-        "full_fp32_accuracy": full_accuracy,
-        "full_mean_flops": full_flops,
+        "texts": texts,
+        "inputs": [TextInput(e.text_a, e.text_b, f"dev row {i}") for i, e in enumerate(examples)],
+        "labels": labels,
+        "label_of": {name: i for i, name in model.config.id2label.items()},
+        "export": export,
+        "work": work,
         "thresholds": thresholds,
-        "configs": table,
+        "full_accuracy": full_accuracy,
+        "full_flops": float(static_flops(model.config, split.lengths, model.exit_layers[-1]).mean()),
     }
 
 
-def _goal_lines(r: dict, keys: list[str]) -> list[str]:
-    anchor = r["configs"]["pipeline fp32"]["inputs_per_s"]
-    goal = r["configs"][GOAL]["inputs_per_s"]
-    ort8 = r["configs"]["ORT int8"]["inputs_per_s"]
-    eager = r["configs"]["ours EE int8"]["inputs_per_s"]
-    return [
-        "",
-        f"Goals ({GOAL}): ≥ 1.5× ORT int8 (full model) in every cell — "
-        + ", ".join(f"{k} {goal[k] / ort8[k]:.2f}×" for k in keys)
-        + "; ≥ 6× the pipeline at batch 32 — "
-        + ", ".join(f"{k} {goal[k] / anchor[k]:.2f}×" for k in keys if k.startswith("b32"))
-        + "; against eager EE int8 — "
-        + ", ".join(f"{k} {goal[k] / eager[k]:.2f}×" for k in keys),
-        "",
-    ]
-
-
-def _latency_lines(r: dict) -> list[str]:
-    rows = {name: row["latency_b1"] for name, row in r["configs"].items() if "latency_b1" in row}
-    if not rows:
-        return []
-    threads = list(next(iter(rows.values())))
-    lines = [
-        "Latency per input at batch 1 (each input served alone), ms:",
-        "",
-        "| config | " + " | ".join(f"p50 {t} | p99 {t}" for t in threads) + " |",
-        "|---|" + "---|---|" * len(threads),
-    ]
-    for name, row in rows.items():
-        cells = " | ".join(f"{row[t]['p50_ms']:.2f} | {row[t]['p99_ms']:.2f}" for t in threads)
-        lines.append(f"| {name} | {cells} |")
-    return [*lines, ""]
-
-
-def section(results: dict) -> str:
-    """The README table: inputs/s per setting, × the pipeline, and accuracy, per task; the latencies; the goals."""
-    lines = []
-    for task, r in results["tasks"].items():
-        keys = list(next(iter(r["configs"].values()))["inputs_per_s"])
-        taus = ", ".join(f"{name} τ={value.get('threshold')}" for name, value in r["thresholds"].items())
-        lines += [
-            f"**{task}** dev ({r['examples']} rows, max length {r['max_length']}; full fp32 accuracy "
-            f"{r['full_fp32_accuracy']:.1f}; EE thresholds: {taus})",
-            "",
-            "| config | " + " | ".join(f"inputs/s {k.replace('_', ' ')}" for k in keys) + " | accuracy |",
-            "|---|" + "---|" * (len(keys) + 1),
-        ]
-        anchor = r["configs"]["pipeline fp32"]["inputs_per_s"]
-        for name, row in r["configs"].items():
-            speeds = " | ".join(
-                f"{row['inputs_per_s'][k]:.0f} (×{row['inputs_per_s'][k] / anchor[k]:.2f})" for k in keys
-            )
-            accuracies = sorted(set(round(a, 1) for a in row["accuracy"].values()))
-            lines.append(f"| {name} | {speeds} | {' / '.join(f'{a:.1f}' for a in accuracies)} |")
-        lines += _goal_lines(r, keys) + _latency_lines(r)
-    return "\n".join(lines)
+def bench_task(task_name: str, model_dir: Path, args: argparse.Namespace) -> dict:
+    context = prepare(task_name, model_dir, args)
+    mean_flops = {key: value.get("mean_flops", context["full_flops"]) for key, value in context["thresholds"].items()}
+    cells = {}
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        # the Rust tokenizer's batch call uses every core unless told not to: one thread means one thread here too
+        os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
+        run = runners(context, threads, args)
+        for batch in args.batch_sizes:
+            key = f"b{batch}_t{threads}"
+            cell = time_cell(run, batch, args.rounds, context["labels"])
+            n = len(context["labels"])
+            for name, row in cell["configs"].items():
+                runtime, early = CONFIGS[name]
+                row["inputs_per_s"] = n / row.pop("seconds")
+                row["mean_flops"] = mean_flops.get(runtime, context["full_flops"]) if early else context["full_flops"]
+            for name, row in cell["configs"].items():
+                runtime, early = CONFIGS[name]
+                full = cell["configs"].get(f"{runtime} full")
+                if early and full:
+                    row["vs_full"] = row["inputs_per_s"] / full["inputs_per_s"]
+                    row["wall_over_flops"] = row["vs_full"] / (context["full_flops"] / row["mean_flops"])
+            cells[key] = cell
+            line = "  ".join(f"{name} {row['inputs_per_s']:.0f}/s" for name, row in cell["configs"].items())
+            print(f"{task_name} {key} (load {cell['load_average']}): {line}", flush=True)
+    return {
+        "examples": len(context["labels"]),
+        "max_length": context["max_length"],
+        "model": str(model_dir),
+        "full_fp32_accuracy": context["full_accuracy"],
+        "full_mean_flops": context["full_flops"],
+        "thresholds": context["thresholds"],
+        "cells": cells,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -367,13 +418,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", action="append", required=True, metavar="TASK=DIR", help="a fine-tuned model")
     parser.add_argument("--within", type=float, default=1.0, help="accuracy points below full fp32 allowed (EE)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument(
-        "--latency", action=argparse.BooleanOptionalAction, default=True, help="p50/p99 per input at batch 1"
-    )
+    parser.add_argument("--threads", type=int, nargs="+", default=[1])
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-examples", type=int, default=None)
-    parser.add_argument("--grid-points", type=int, default=40, help="entropy thresholds tried per calibration")
+    parser.add_argument("--grid-points", type=int, default=14, help="entropy thresholds tried per calibration")
+    parser.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=True, help="the pipeline row")
+    parser.add_argument("--device", default="cpu", help="where the torch rows run (cuda: a GPU)")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/serving_bench"))
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "serving")
     args = parser.parse_args(argv)
@@ -384,17 +434,19 @@ def main(argv: list[str] | None = None) -> int:
     models = dict(spec.split("=", 1) for spec in args.model)
     results = {
         "cpu": platform.processor() or platform.machine(),
+        "device": args.device,
         "torch": torch.__version__,
         "onnxruntime": onnxruntime.__version__,
         "ort_graph_optimization": "ORT_ENABLE_ALL",
         "int8_engine": torch.backends.quantized.engine,
         "rounds": args.rounds,
+        "command": " ".join(sys.argv),
         "tasks": {task: bench_task(task, Path(path), args) for task, path in models.items()},
     }
     args.output.mkdir(parents=True, exist_ok=True)
     write_json(args.output / "results.json", results)
-    (args.output / "section.md").write_text(section(results), encoding="utf-8")
-    print(section(results))
+    (args.output / "section.md").write_text(section(results, GOAL), encoding="utf-8")
+    print(section(results, GOAL))
     return 0
 
 

@@ -9,8 +9,9 @@ exit sets and MHA exits are refused, saying why. Weights are written twice, `pyt
 transformers reads) and `model.safetensors`; config.json carries the official fields; the tokenizer files are
 copied. The directory is written beside OUTPUT and renamed when complete. See `elasticbert.fnlp_export`.
 
-`--layout onnx` (or `--format onnx`): the model as ONNX pieces early exit can stop between — embeddings, each layer
-(fp32 and int8: per-channel dynamic quantization), each exit head — with its tokenizer, its saved early-exit setting
+`--layout onnx` (or `--format onnx`): the model as ONNX pieces early exit can stop between — one per layer, its exit
+head fused in and the embeddings ahead of the first (fp32 and int8: per-channel weights, one activation scale per
+token) — with its tokenizer, its saved early-exit setting
 (`save-early-exit` first) and checksums, one directory to copy to a server; `predict --runtime onnxruntime` and
 `EarlyExitClassifier.from_pretrained(DIR, runtime="onnxruntime")` serve it with the same engine and rules. Needs
 `pip install '.[export]'` (onnx, onnxruntime). See `finetune.onnx_export`.
@@ -83,10 +84,10 @@ def main(args: argparse.Namespace) -> int:
         max_length = args.max_length or trained_max_length(Path(directory))
         check_max_length_of_config(directory, max_length)
         manifest = export_onnx(directory, args.output, max_length=max_length, overwrite=args.overwrite)
-        pieces = manifest["pieces"]
+        steps = manifest["pieces"]["steps"]["fp32"]
         print(
-            f"exported {args.model} -> {args.output} (ONNX: embeddings, {len(pieces['layers']['fp32'])} layers in "
-            f"fp32 and int8, exits {manifest['exit_layers']}, max_length {max_length})"
+            f"exported {args.model} -> {args.output} (ONNX: {len(steps)} steps - layer, its exit, the embeddings "
+            f"ahead of the first - in fp32 and int8, exits {manifest['exit_layers']}, max_length {max_length})"
         )
         return 0
     if args.max_length is not None:

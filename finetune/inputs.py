@@ -12,7 +12,8 @@ A malformed line is a `DataError` naming `FILE:LINE`; in a file an empty text is
 text), except blank lines at the very end. In a stream (stdin) every line is an input and gets its answer, a blank
 one too (the `empty` verdict, `verdicts.py`): a live stream goes on past it, and answers stay one per line.
 `arriving_batches` reads a stream line by line and hands out small batches as lines arrive (a batch closes as soon
-as no further line is waiting), so an interactive user gets each answer at once and a fast pipe fills whole batches.
+as no further line is waiting, and says whether the stream is quiet then), so an interactive user gets each answer
+at once and a fast pipe fills whole batches.
 """
 
 from __future__ import annotations
@@ -203,8 +204,10 @@ def _read_lines(stream: BinaryIO, lines: queue.Queue) -> None:
         lines.put(err)
 
 
-def arriving_batches(stream: BinaryIO, parser: LineParser, batch_size: int) -> Iterator[list[TextInput]]:
-    """Inputs from a stream in batches of up to `batch_size`, each closed as soon as no further line is waiting."""
+def arriving_batches(stream: BinaryIO, parser: LineParser, batch_size: int) -> Iterator[tuple[list[TextInput], bool]]:
+    """Inputs from a stream in batches of up to `batch_size`, each closed as soon as no further line is waiting, with
+    whether the stream is quiet as it closes (no line waiting, or the end): a server answers everything it holds
+    then, rather than wait for lines that are not coming."""
     lines: queue.Queue = queue.Queue(maxsize=4 * batch_size)
     threading.Thread(target=_read_lines, args=(stream, lines), daemon=True).start()
     number, batch, ended = 0, [], False
@@ -225,7 +228,8 @@ def arriving_batches(stream: BinaryIO, parser: LineParser, batch_size: int) -> I
                 item = lines.get_nowait()
             except queue.Empty:
                 break
-        if batch:
-            yield batch
+        quiet = ended or lines.empty()
+        if batch or quiet:
+            yield batch, quiet
             batch = []
     parser.finish()

@@ -1,29 +1,35 @@
 """`finetune export --layout onnx`: a fine-tuned multi-exit model as ONNX pieces that early exit can stop between.
 
-Data-dependent exits do not trace into one graph, so the model is written as the engine's units of work: the
-embeddings, each layer and each exit head, each its own ONNX graph (opset 17), with dynamic batch and length axes.
-Each layer is written twice: fp32, and int8 (`per_token_int8`: per-channel symmetric int8 weights; activations
-quantized per call with one scale per token, so an input's result does not depend on the inputs batched with it —
-`onnxruntime.quantization.quantize_dynamic`'s one scale per tensor made the serving bench's thresholds move with the
-batching; per token costs 8-10 % per layer, bench/int8_batch_invariance.py). Embeddings and exit heads stay
-fp32 at both precisions, as in torch's int8 (the heads are ~1 % of the FLOPs and where the exit decisions are made).
-bench/serving_layers.py measured a layer + exit as its own ONNX Runtime int8 session at 1.99x eager torch int8 at
-batch 1 (one thread), equal in fp32 to 1.3e-6.
+Data-dependent exits do not trace into one graph, so the model is written as the engine's units of work, one *step*
+per layer (`elasticbert.layer_runner`): layer i, with the embeddings folded in ahead of the first layer and the exit
+head on top of every layer that has one, each its own ONNX graph (opset 17) with dynamic batch and length axes — one
+ONNX Runtime session run per layer call (format 1 ran three kinds of piece: embeddings, layer, exit head). The exit
+runs on the first `exit_rows` rows of the call: all of them when the engine asks for the exit, none when it does not
+(the full model, a restricted exit set: an empty head costs its op overheads only), so a run's FLOPs are what the
+torch engine counts. Each step is written twice: fp32, and int8 (`per_token_int8`, on the layer's matmuls only:
+per-channel symmetric int8 weights; activations quantized per call with one scale per token, so an input's result
+does not depend on the inputs batched with it — `onnxruntime.quantization.quantize_dynamic`'s one scale per tensor
+made the serving bench's thresholds move with the batching; per token costs 8-10 % per layer,
+bench/int8_batch_invariance.py). Embeddings and exit heads stay fp32 at both precisions, as in torch's int8 (the
+heads are ~1 % of the FLOPs and where the exit decisions are made). The traced pieces are joined into steps by
+`onnx_graphs`; the word-embedding table, the bulk of a small model, is stored once (`onnx/word_embeddings.bin`,
+external data both first steps read).
 
     OUTPUT/
       config.json          the model's config (exit layers, labels, the saved early-exit setting), sealed
       vocab.txt, tokenizer.json, ...                   the tokenizer files
-      onnx/manifest.json   format, pieces per precision, max_length, opset, the source model
-      onnx/embeddings.onnx, onnx/layer_{i}.onnx, onnx/layer_{i}.int8.onnx, onnx/exit_{l}.onnx
+      onnx/manifest.json   format 2, steps per precision and the exit each carries, max_length, opset, the source
+      onnx/step_{i}.onnx, onnx/step_{i}.int8.onnx, onnx/word_embeddings.bin
       checksums.json       every file's sha256 (`common.integrity.seal`)
 
 `finetune.onnx_runtime.OnnxLayers` serves it (`EarlyExitClassifier.from_pretrained(OUTPUT, runtime="onnxruntime")`,
-`predict --runtime onnxruntime`). Exporting needs `torch`, `onnx` and `onnxruntime` (the `export` extra); serving
-needs `onnxruntime` (the `serve` extra).
+`predict --runtime onnxruntime`) and refuses a format-1 export, naming the command that re-exports it. Exporting
+needs `torch`, `onnx` and `onnxruntime` (the `export` extra); serving needs `onnxruntime` (the `serve` extra).
 """
 
 from __future__ import annotations
 
+import io
 import shutil
 import warnings
 from pathlib import Path
@@ -43,10 +49,12 @@ from elasticbert.fnlp_export import copy_tokenizer_files
 from elasticbert.loading import read_config
 
 from .model import load_finetuned
+from .onnx_graphs import exit_on_rows, externalize, join, rename_output
 
 ONNX_DIR = "onnx"
 MANIFEST = f"{ONNX_DIR}/manifest.json"
-FORMAT = "elasticbert-onnx-early-exit/1"
+FORMAT = "elasticbert-onnx-early-exit/2"
+OLD_FORMATS = {"elasticbert-onnx-early-exit/1": "one piece per layer and per exit head, the embeddings apart"}
 ONNX_OUTPUT = Output(
     "export --layout onnx",
     "an ONNX early-exit export",
@@ -57,18 +65,12 @@ ONNX_OUTPUT = Output(
 )
 OPSET = 17
 INT8_SCHEME = "per-token symmetric activations (uint8, zero point 128), per-channel symmetric int8 weights"
+WORD_EMBEDDINGS = "word_embeddings.bin"  # the step-0 pieces' shared vocabulary table (external data, beside them)
+WORD_EMBEDDINGS_WEIGHT = "embeddings.word_embeddings.weight"
 
 
-def embeddings_file() -> str:
-    return f"{ONNX_DIR}/embeddings.onnx"
-
-
-def layer_file(index: int, precision: str) -> str:
-    return f"{ONNX_DIR}/layer_{index}.onnx" if precision == "fp32" else f"{ONNX_DIR}/layer_{index}.{precision}.onnx"
-
-
-def exit_file(layer: int) -> str:
-    return f"{ONNX_DIR}/exit_{layer}.onnx"
+def step_file(index: int, precision: str) -> str:
+    return f"{ONNX_DIR}/step_{index}.onnx" if precision == "fp32" else f"{ONNX_DIR}/step_{index}.{precision}.onnx"
 
 
 class _Embeddings(nn.Module):
@@ -98,22 +100,27 @@ class _Exit(nn.Module):
         return self.model.classify(self.layer, hidden, mask)
 
 
-def _export(module: nn.Module, example: tuple, path: Path, inputs: list[str], outputs: list[str]) -> None:
+def _export(module: nn.Module, example: tuple, inputs: list[str], outputs: list[str]) -> Any:
+    """`module` traced to ONNX (opset 17, dynamic batch and length axes), as an `onnx.ModelProto`."""
+    import onnx
+
     axes = {name: {0: "batch", 1: "length"} for name in inputs}
     axes.update({name: {0: "batch", 1: "length"} for name in outputs if name == "hidden_out"})
     axes.update({name: {0: "batch"} for name in outputs if name in ("representation", "logits")})
+    buffer = io.BytesIO()
     with warnings.catch_warnings():  # the TorchScript exporter's deprecation notes; it is what traces these blocks
         warnings.simplefilter("ignore")
         torch.onnx.export(
             module.eval(),
             example,
-            str(path),
+            buffer,
             input_names=inputs,
             output_names=outputs,
             dynamic_axes=axes,
             opset_version=OPSET,
             dynamo=False,
         )
+    return onnx.load_from_string(buffer.getvalue())
 
 
 def per_token_int8(model: Any) -> Any:
@@ -179,7 +186,8 @@ def per_token_int8(model: Any) -> Any:
 
 
 def write_pieces(model: nn.Module, directory: Path) -> dict:
-    """The ONNX pieces of `model` under `directory/onnx`; returns the manifest's `pieces`."""
+    """The ONNX steps of `model` under `directory/onnx`, one per layer and precision: [embeddings →] layer → [exit];
+    returns the manifest's `pieces`."""
     try:
         import onnx
     except ImportError as err:
@@ -187,20 +195,41 @@ def write_pieces(model: nn.Module, directory: Path) -> dict:
     make_dirs(directory / ONNX_DIR)
     ids = torch.ones(2, 8, dtype=torch.long)
     hidden = torch.randn(2, 8, model.config.hidden_size)
-    names = ["input_ids", "token_type_ids"]
-    _export(_Embeddings(model), (ids, ids * 0), directory / embeddings_file(), names, ["hidden_out"])
-    pieces: dict = {"embeddings": embeddings_file(), "exits": {}, "layers": {"fp32": [], "int8": []}}
-    for index in range(model.exit_layers[-1]):
-        fp32, int8 = layer_file(index, "fp32"), layer_file(index, "int8")
-        _export(_Layer(model, index), (hidden, ids), directory / fp32, ["hidden", "mask"], ["hidden_out"])
-        onnx.save(per_token_int8(onnx.load(str(directory / fp32))), str(directory / int8))
-        pieces["layers"]["fp32"].append(fp32)
-        pieces["layers"]["int8"].append(int8)
-    for layer in model.exit_layers:
-        outputs = ["representation", "logits"]
-        _export(_Exit(model, layer), (hidden, ids), directory / exit_file(layer), ["hidden", "mask"], outputs)
-        pieces["exits"][str(layer)] = exit_file(layer)
+    embeddings = rename_output(
+        _export(_Embeddings(model), (ids, ids * 0), ["input_ids", "token_type_ids"], ["hidden_out"]),
+        "hidden_out",
+        "embedded",
+    )
+    layers, exits = model.exit_layers[-1], set(model.exit_layers)
+    pieces: dict = {"steps": {"fp32": [], "int8": []}, "step_exits": [], "shared": [f"{ONNX_DIR}/{WORD_EMBEDDINGS}"]}
+    for index in range(layers):
+        layer = _export(_Layer(model, index), (hidden, ids), ["hidden", "mask"], ["hidden_out"])
+        exit_head = None
+        if index + 1 in exits:
+            outputs = ["representation", "logits"]
+            exit_head = exit_on_rows(_export(_Exit(model, index + 1), (hidden, ids), ["hidden", "mask"], outputs))
+        for precision, graph in (("fp32", layer), ("int8", per_token_int8(layer))):
+            step = _step(embeddings if index == 0 else None, graph, exit_head, last=index + 1 == layers)
+            if index == 0:
+                table = externalize(step, WORD_EMBEDDINGS_WEIGHT, WORD_EMBEDDINGS)
+                if precision == "fp32":
+                    (directory / ONNX_DIR / WORD_EMBEDDINGS).write_bytes(table)
+            onnx.save(step, str(directory / step_file(index, precision)))
+            pieces["steps"][precision].append(step_file(index, precision))
+        pieces["step_exits"].append(index + 1 if exit_head is not None else None)
     return pieces
+
+
+def _step(embeddings: Any, layer: Any, exit_head: Any, last: bool) -> Any:
+    """One layer call as one graph: the embeddings ahead of the first layer, the exit head on top of a layer that
+    has one; outputs the layer's hidden states (but after the last layer), the exit's representation and logits."""
+    step = layer
+    if embeddings is not None:
+        step = join(embeddings, step, "layer/", {"hidden": "embedded", "mask": "mask"}, ["hidden_out"])
+    if exit_head is not None:
+        outputs = ["representation", "logits"] if last else ["hidden_out", "representation", "logits"]
+        step = join(step, exit_head, "exit/", {"hidden": "hidden_out", "mask": "mask"}, outputs)
+    return step
 
 
 def export_onnx(model_dir: str | Path, output: str | Path, *, max_length: int, overwrite: bool = False) -> dict:
@@ -221,6 +250,8 @@ def export_onnx(model_dir: str | Path, output: str | Path, *, max_length: int, o
         "max_length": int(max_length),
         "precisions": ["fp32", "int8"],
         "int8": INT8_SCHEME,
+        "steps": "one per layer: [embeddings ->] layer -> [exit]; inputs (input_ids, token_type_ids | hidden), mask "
+        "[, exit_rows]; outputs [hidden_out], [representation, logits]",
     }
     try:
         with removed_on_failure(output.parent) as parent:

@@ -27,12 +27,13 @@ from common.errors import ConfigError
 from common.integrity import CHECKSUMS, IntegrityError
 from common.io import read_object
 from elasticbert.configuration import ElasticBertConfig
-from elasticbert.early_exit import LayerRunner
 from elasticbert.exit_setting import PRECISIONS
+from elasticbert.layer_runner import EmbeddingInputs, LayerRunner, StepOutput
 from elasticbert.loading import read_config
 from elasticbert.verification import checksum_verification, verify_model_directory
 
-from .onnx_export import FORMAT, MANIFEST
+from .onnx_export import FORMAT, MANIFEST, OLD_FORMATS
+from .onnx_graphs import EXIT_ROWS
 
 RUNTIMES = ("torch", "onnxruntime")
 
@@ -56,21 +57,31 @@ def read_manifest(directory: Path) -> dict:
         )
     verify_model_directory(directory)  # checksums.json (the export is sealed); --no-verify-checksums skips it
     manifest = read_object(directory / MANIFEST, ConfigError, "an ONNX export manifest")
-    if manifest.get("format") != FORMAT:
-        raise ConfigError(f"{directory / MANIFEST}: format {manifest.get('format')!r}, this code reads {FORMAT!r}")
+    found = manifest.get("format")
+    if found in OLD_FORMATS:
+        source = manifest.get("source") or "RUN/best"
+        raise ConfigError(
+            f"{directory / MANIFEST}: format {found!r} ({OLD_FORMATS[found]}) is no longer served; this code runs "
+            f"{FORMAT!r} (one session per layer, its exit head fused in). Re-export it: `python -m finetune export "
+            f"--layout onnx --model {source} --output {directory} --overwrite`"
+        )
+    if found != FORMAT:
+        raise ConfigError(f"{directory / MANIFEST}: format {found!r}, this code reads {FORMAT!r}")
     return manifest
 
 
-def _pieces(directory: Path, manifest: dict, precision: str) -> tuple[str, list[str], dict[str, str]]:
+def _steps(directory: Path, manifest: dict, precision: str) -> tuple[list[str], list[int | None]]:
     pieces = manifest.get("pieces") or {}
-    layers = (pieces.get("layers") or {}).get(precision)
-    if precision not in manifest.get("precisions", []) or not layers:
-        raise ConfigError(f"{directory / MANIFEST}: no {precision} layers (it has {manifest.get('precisions')})")
-    exits = pieces.get("exits") or {}
-    for name in [pieces.get("embeddings"), *layers, *exits.values()]:
+    steps = (pieces.get("steps") or {}).get(precision)
+    exits = pieces.get("step_exits")
+    if precision not in manifest.get("precisions", []) or not steps:
+        raise ConfigError(f"{directory / MANIFEST}: no {precision} steps (it has {manifest.get('precisions')})")
+    if not isinstance(exits, list) or len(exits) != len(steps):
+        raise ConfigError(f"{directory / MANIFEST}: pieces.step_exits must list one exit (or null) per step")
+    for name in [*steps, *(pieces.get("shared") or [])]:
         if not name or not (directory / name).is_file():
             raise IntegrityError(f"{directory / str(name)}: missing (listed in {directory / MANIFEST})")
-    return pieces["embeddings"], layers, exits
+    return steps, exits
 
 
 PARALLEL_MIN_TOKENS = 256  # rows x padded length from which a layer runs on `threads` threads (see OnnxLayers)
@@ -90,14 +101,15 @@ def _session_options(threads: int) -> Any:
 
 
 class OnnxLayers(LayerRunner):
-    """The ONNX pieces of an export as the engine's layer runner (CPU).
+    """The ONNX steps of an export as the engine's layer runner (CPU): one session run per layer call, the
+    embeddings folded into the first and the exit head into every layer that has one (`onnx_export`).
 
-    Threads: a piece's run is short (a layer of one request: ~0.5 ms), so waking a second thread costs more than it
-    saves there; each layer is therefore opened twice when `threads` > 1, and a batch of fewer than
-    `PARALLEL_MIN_TOKENS` tokens (rows x padded length: a request, the last survivors of a batch) runs on the
-    one-thread session, a larger one on the `threads`-thread session (SST-2 dev, entropy early exit, int8, 2 threads:
-    batch 1 single-threaded 2.4x faster than on 2 threads; batch 32 on 2 threads 11 % faster than on one). The
-    embeddings (a gather) and the exit heads (~1 % of the work) run on one thread. Memory: the layers' weights twice.
+    Threads: a step's run is short (a layer of one request: ~0.5 ms), so waking a second thread costs more than it
+    saves there; each step is therefore opened twice when `threads` > 1, and a batch of fewer than
+    `PARALLEL_MIN_TOKENS` tokens (rows x padded length: a request, a flush's last rows) runs on the one-thread
+    session, a larger one on the `threads`-thread session (SST-2 dev, entropy early exit, int8, 2 threads: batch 1
+    single-threaded 2.4x faster than on 2 threads; batch 32 on 2 threads 11 % faster than on one). Memory: the
+    layers' weights twice.
     """
 
     def __init__(self, directory: str | Path, precision: str = "fp32", threads: int | None = None) -> None:
@@ -109,10 +121,12 @@ class OnnxLayers(LayerRunner):
             raise ConfigError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
         self.directory = Path(directory)
         manifest = read_manifest(self.directory)
-        embeddings, layers, exits = _pieces(self.directory, manifest, precision)
+        steps, step_exits = _steps(self.directory, manifest, precision)
         self.manifest, self.max_length = manifest, int(manifest.get("max_length") or 128)
         self.config = ElasticBertConfig.from_dict(read_config(self.directory))
         self.exit_layers = tuple(int(layer) for layer in manifest["exit_layers"])
+        if tuple(layer for layer in step_exits if layer is not None) != self.exit_layers:
+            raise ConfigError(f"{self.directory / MANIFEST}: the steps' exits {step_exits} are not {self.exit_layers}")
         self.name_or_path = str(self.directory)
         self.device, self.inference_precision = torch.device("cpu"), precision
         self.threads = threads or torch.get_num_threads()
@@ -121,47 +135,40 @@ class OnnxLayers(LayerRunner):
             options = _session_options(threads)
             return ort.InferenceSession(str(self.directory / name), options, providers=["CPUExecutionProvider"])
 
-        self.embeddings = session(embeddings)
-        self.layers = [session(name) for name in layers]
-        self.parallel_layers = [session(name, self.threads) for name in layers] if self.threads > 1 else self.layers
-        self.exits = {int(layer): session(name) for layer, name in exits.items()}
-        self.exit_inputs = {layer: {i.name for i in s.get_inputs()} for layer, s in self.exits.items()}
-        self._ones: dict[tuple[int, int], np.ndarray] = {}
+        self.steps = [session(name) for name in steps]
+        self.parallel_steps = [session(name, self.threads) for name in steps] if self.threads > 1 else self.steps
+        self.has_exit = [layer is not None for layer in step_exits]
+        self.outputs = [[o.name for o in s.get_outputs()] for s in self.steps]
+        self._rows = {n: np.array([n], dtype=np.int64) for n in (0, 1)}
 
     def eval(self) -> OnnxLayers:
         return self
 
-    def _ones_mask(self, shape: tuple[int, int]) -> np.ndarray:
-        mask = self._ones.get(shape)
-        if mask is None:
-            mask = self._ones[shape] = np.ones(shape, dtype=np.int64)
-        return mask
+    def step(
+        self, index: int, inputs: torch.Tensor | EmbeddingInputs, mask: torch.Tensor, padded: bool, with_exit: bool
+    ) -> StepOutput:
+        rows, length = mask.shape
+        feeds = {"mask": _array(mask)}
+        if index == 0:
+            ids, types, positions = inputs
+            if positions is not None:
+                raise ValueError("the ONNX embeddings compute their own positions: pass no position_ids")
+            feeds["input_ids"], feeds["token_type_ids"] = _array(ids), _array(types)
+        else:
+            feeds["hidden"] = _array(inputs)
+        if self.has_exit[index]:
+            count = rows if with_exit else 0
+            feeds[EXIT_ROWS] = self._rows.get(count) if count < 2 else np.array([count], dtype=np.int64)
+        sessions = self.parallel_steps if rows * length >= PARALLEL_MIN_TOKENS else self.steps
+        values = dict(zip(self.outputs[index], sessions[index].run(None, feeds)))
+        hidden = values.get("hidden_out")
+        out = StepOutput(torch.from_numpy(hidden) if hidden is not None else None)
+        if with_exit:
+            out.representation = torch.from_numpy(values["representation"])
+            out.logits = torch.from_numpy(values["logits"])
+        return out
 
-    def embed(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, position_ids: torch.Tensor | None
-    ) -> torch.Tensor:
-        if position_ids is not None:
-            raise ValueError("the ONNX embeddings compute their own positions: pass no position_ids")
-        ids = input_ids.numpy()
-        types = np.zeros_like(ids) if token_type_ids is None else token_type_ids.numpy()
-        return torch.from_numpy(self.embeddings.run(None, {"input_ids": ids, "token_type_ids": types})[0])
 
-    def layer_mask(self, attention_mask: torch.Tensor) -> np.ndarray | None:
-        return None if bool(attention_mask.all()) else np.ascontiguousarray(attention_mask.numpy(), dtype=np.int64)
-
-    def run_layer(self, index: int, hidden: torch.Tensor, layer_mask: Any) -> torch.Tensor:
-        h = np.ascontiguousarray(hidden.numpy())
-        mask = self._ones_mask(h.shape[:2]) if layer_mask is None else layer_mask
-        sessions = self.parallel_layers if h.shape[0] * h.shape[1] >= PARALLEL_MIN_TOKENS else self.layers
-        return torch.from_numpy(sessions[index].run(None, {"hidden": h, "mask": mask})[0])
-
-    def classify(
-        self, layer: int, hidden: torch.Tensor, attention_mask: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        h = np.ascontiguousarray(hidden.numpy())
-        feeds = {"hidden": h}
-        if "mask" in self.exit_inputs[layer]:  # a linear exit reads [CLS] only: its graph has no mask input
-            mask = self._ones_mask(h.shape[:2]) if attention_mask is None else attention_mask.numpy()
-            feeds["mask"] = np.ascontiguousarray(mask, dtype=np.int64)
-        representation, logits = self.exits[layer].run(None, feeds)
-        return torch.from_numpy(representation), torch.from_numpy(logits)
+def _array(tensor: torch.Tensor) -> np.ndarray:
+    """A CPU tensor as the contiguous numpy array a session takes (no copy when it is contiguous already)."""
+    return tensor.numpy() if tensor.is_contiguous() else np.ascontiguousarray(tensor.numpy())

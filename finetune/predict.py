@@ -44,29 +44,21 @@ from common.errors import ConfigError
 from common.hub import resolve_pretrained
 from common.vocab import DEFAULT_MAX_UNK_FRACTION
 from elasticbert import EarlyExitSetting, ElasticBertForSequenceClassification
-from elasticbert.early_exit import EarlyExitResult, ExitRule, LayerRunner, per_sample_flops, rule_for
+from elasticbert.early_exit import EarlyExitResult, ExitRule, LayerRunner, rule_for, serving_runner
 from elasticbert.loading import read_config
 from elasticbert.precision import for_inference, precision_problem
 
 from .config import load_run_config
-from .data import (
-    UNK_MIN_TOKENS,
-    EncodedSplit,
-    check_vocabulary_fits,
-    load_tokenizer,
-    text_id_table,
-    unk_counts,
-    unk_refusal,
-)
-from .early_exit.engine import run_dataset
+from .data import UNK_MIN_TOKENS, check_vocabulary_fits, load_tokenizer, text_id_table, unk_counts, unk_refusal
 from .early_exit.lte import LearnedExitHead
 from .early_exit.operating_point import OperatingPoint, chosen_setting, run_precision
 from .inputs import TextInput
 from .model import check_max_length, load_finetuned, model_device, resolve_device
 from .onnx_runtime import RUNTIMES, OnnxLayers, read_manifest
+from .predict_stream import PredictionStream
 from .task_check import check_measured_task, check_task_fits, model_task
-from .tasks import DataError, Example, TaskSpec
-from .verdicts import DEFAULT_MIN_READABLE_SHARE, Verdict, VocabularyJudge, character_verdict
+from .tasks import DataError, TaskSpec
+from .verdicts import DEFAULT_MIN_READABLE_SHARE, VocabularyJudge
 
 Input = str | tuple[str, str] | list[str] | TextInput
 
@@ -101,6 +93,7 @@ class EarlyExitClassifier:
         check_vocabulary_fits(tokenizer, model.config.vocab_size, getattr(tokenizer, "name_or_path", "of the model"))
         self.judge = VocabularyJudge(tokenizer, min_readable_share)
         self.model, self.tokenizer = for_inference(model, precision), tokenizer
+        self.runner, self.config = serving_runner(self.model), model.config  # GraphedLayers on a CUDA device
         self.precision = precision
         self.max_unk_fraction, self.unk_seen = max_unk_fraction, [0, 0]  # [UNK] and text tokens of all inputs
         self.is_text, self.flops_memo = text_id_table(tokenizer), {}  # see per_sample_flops(memo=)
@@ -206,59 +199,33 @@ class EarlyExitClassifier:
     def predict(self, texts: Sequence[Input], batch_size: int | None = None) -> list[dict]:
         """One prediction per text (a string) or pair (two strings), in input order (see the module docstring)."""
         inputs = [_as_input(text, i) for i, text in enumerate(texts)]
-        previous, self.batch_size = self.batch_size, batch_size or self.batch_size
-        try:
-            return self.predict_inputs(inputs)
-        finally:
-            self.batch_size = previous
+        return self.predict_inputs(inputs, batch_size=batch_size)
 
-    def predict_inputs(self, inputs: Sequence[TextInput], progress: Callable[[int], None] | None = None) -> list[dict]:
-        """`predict` on parsed inputs; `progress(n)` after each batch of n. Single texts and pairs are batched
-        apart (a batch is one or the other). An input the model cannot read gets its verdict instead of a prediction
-        (see the module docstring)."""
-        self._check_kinds(inputs)
-        records: list[dict | None] = [None] * len(inputs)
-        for pairs in (False, True):
-            positions = [i for i, item in enumerate(inputs) if (item.text_b is not None) == pairs]
-            if positions:
-                self._predict_group(inputs, positions, records, progress)
-        return records
-
-    def _predict_group(
+    def predict_inputs(
         self,
         inputs: Sequence[TextInput],
-        positions: list[int],
-        records: list[dict | None],
-        progress: Callable[[int], None] | None,
-    ) -> None:
-        """Judge and classify `inputs[positions]` (all single texts, or all pairs) into `records`."""
-        verdicts = {i: verdict for i in positions if (verdict := _judged(inputs[i], character_verdict))}
-        readable = [i for i in positions if i not in verdicts]
-        if readable:
-            examples = [Example(inputs[i].text_a, inputs[i].text_b, None, i) for i in readable]
-            split = EncodedSplit.from_examples(self.tokenizer, examples, self.max_length)
-            for row in self.judge.suspects(split.input_ids):  # vocabulary checks
-                if verdict := _judged(inputs[readable[row]], self.judge.verdict):
-                    verdicts[readable[row]] = verdict
-            rows = [row for row, i in enumerate(readable) if i not in verdicts]
-            if rows:
-                split = split.select(torch.tensor(rows)) if len(rows) < len(readable) else split
-                self._check_unk(split)
-                result, _ = run_dataset(self.model, split.batches(self.batch_size, device=self.device), self.rule)
-                flops, _ = per_sample_flops(self.model.config, result, self.rule.head_width, self.flops_memo)
-                for kept, row in enumerate(rows):
-                    item = inputs[readable[row]]
-                    records[readable[row]] = self._record(result, kept, float(flops[kept]), item.id)
-                if progress is not None:
-                    progress(len(rows))
-        for i, verdict in verdicts.items():
-            records[i] = {"id": inputs[i].id, **verdict.record()} if inputs[i].id is not None else verdict.record()
-        if progress is not None and verdicts:
-            progress(len(verdicts))
+        progress: Callable[[int], None] | None = None,
+        batch_size: int | None = None,
+    ) -> list[dict]:
+        """`predict` on parsed inputs, through one `stream` flushed at the end; `progress(n)` once all n are
+        answered. An input the model cannot read gets its verdict instead of a prediction (module docstring)."""
+        stream = self.stream(batch_size)
+        stream.submit(inputs)
+        stream.flush()
+        records = [record for _, record in stream.ready()]
+        if progress is not None:
+            progress(len(records))
+        return records
 
-    def _check_unk(self, split: EncodedSplit) -> None:
+    def stream(self, batch_size: int | None = None, max_wait: float | None = None) -> PredictionStream:
+        """A `PredictionStream`: inputs submitted as they come, records handed out in input order, every layer call
+        a full batch of `batch_size` rows (default: the classifier's) of whatever inputs reached that layer; a row
+        waits at most `max_wait` seconds for its batch to fill (default: until it fills or the stream flushes)."""
+        return PredictionStream(self, batch_size or self.batch_size, max_wait)
+
+    def check_unk(self, input_ids: torch.Tensor) -> None:
         """Refuse inputs this model's vocabulary does not fit (data_prep's guard), once `UNK_MIN_TOKENS` are in."""
-        unk, tokens = unk_counts(self.tokenizer, split.input_ids, self.is_text)
+        unk, tokens = unk_counts(self.tokenizer, input_ids, self.is_text)
         self.unk_seen = [self.unk_seen[0] + unk, self.unk_seen[1] + tokens]
         if self.unk_seen[1] >= UNK_MIN_TOKENS:
             what = f"the {self.unk_seen[1]:,} text tokens of the inputs so far"
@@ -266,12 +233,13 @@ class EarlyExitClassifier:
             if refusal is not None:
                 raise refusal
 
-    def _record(self, result: EarlyExitResult, row: int, flops: float, ident: object) -> dict:
+    def record(self, result: EarlyExitResult, row: int, flops: float, ident: object) -> dict:
+        """The prediction record of `result`'s row `row` (module docstring)."""
         logits = result.logits[row]
-        if self.model.config.num_labels == 1:
+        if self.config.num_labels == 1:
             record: dict = {"value": float(logits[0])}
         else:
-            names = self.model.config.id2label
+            names = self.config.id2label
             scores = logits.numpy().astype(np.float64)
             probabilities = np.exp(scores - scores.max())
             probabilities = (probabilities / probabilities.sum()).tolist()
@@ -284,7 +252,7 @@ class EarlyExitClassifier:
             record = {"id": ident, **record}
         return record
 
-    def _check_kinds(self, inputs: Sequence[TextInput]) -> None:
+    def check_kinds(self, inputs: Sequence[TextInput]) -> None:
         """A pair for a single-text task (or the reverse) is a mistake the model cannot notice: refused."""
         if self.task is None:
             return
@@ -304,13 +272,6 @@ def _cpu_only(device: str) -> torch.device:
     if device not in ("auto", "cpu"):
         raise ConfigError(f"--device {device}: --runtime onnxruntime runs on the CPU; pass --device cpu (or auto)")
     return torch.device("cpu")
-
-
-def _judged(item: TextInput, judge: Callable[[str, str], Verdict | None]) -> Verdict | None:
-    """`judge`'s verdict on an input: its text, or each text of a pair (the reason names which)."""
-    if item.text_b is None:
-        return judge(item.text_a, "")
-    return judge(item.text_a, "the first text: ") or judge(item.text_b, "the second text: ")
 
 
 def _as_input(text: Input, i: int) -> TextInput:

@@ -4,11 +4,15 @@ a model's config, for `transformers.pipeline`).
 predict reads a file (txt, JSONL or TSV; see `inputs.py`) or stdin and writes one JSON line per input, in input
 order: `label`, `probabilities`, `exit_layer`, `flops`, `tokens` (see `predict.py`); an input the model cannot read
 (nothing visible, punctuation only, or mostly characters its vocabulary does not know: `verdicts.py`) gets `flag`
-and `reason` instead, the summary names such inputs (FILE:LINE), and a run in which no input was readable exits 2. A
-file is read and checked whole, then classified in length-sorted batches with a progress bar; stdin is streamed:
-lines are classified in small batches as they arrive and each answer is written (and flushed) at once. `--output
-FILE` is written atomically (nothing is left on an error); it is never a folder, the model or an input, nor inside
-one, and it replaces an existing file only with `--overwrite` and only when that file is predictions `predict`
+and `reason` instead, the summary names such inputs (FILE:LINE), and a run in which no input was readable exits 2.
+Both run through one `PredictionStream` (`predict_stream.py`): one queue per layer, every layer call a full batch of
+`--batch-size` rows of whatever inputs reached that layer. A file is read and checked whole, then submitted
+`CHUNK` inputs at a time (each chunk length-sorted) with a progress bar, and flushed at its end; stdin is streamed:
+lines are submitted as they arrive, the engine is flushed whenever no further line is waiting (an interactive user
+gets each answer at once, a fast pipe keeps the batches full), and answers are written (and flushed) as soon as they
+and every earlier one are ready. `--max-wait S` bounds how long a row waits in a layer queue for its batch to fill.
+`--output FILE` is written atomically (nothing is left on an error); it is never a folder, the model or an input, nor
+inside one, and it replaces an existing file only with `--overwrite` and only when that file is predictions `predict`
 wrote (`common.outputs`).
 A summary (inputs/s, exit histogram, mean FLOPs against the full model's) goes to stderr.
 """
@@ -20,7 +24,7 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -45,6 +49,7 @@ from .inputs import STDIN, InputFormat, LineParser, TextInput, arriving_batches,
 from .model import resolve_device
 from .onnx_runtime import RUNTIMES
 from .predict import EarlyExitClassifier
+from .predict_stream import PredictionStream
 from .task_check import check_measured_task
 from .tasks import DataError
 from .verdicts import DEFAULT_MIN_READABLE_SHARE
@@ -52,7 +57,7 @@ from .verdicts import DEFAULT_MIN_READABLE_SHARE
 PREDICTIONS = Output(
     "predict", "a JSONL file of predictions", own=lambda path: first_json_line_has(path, ("label", "value", "flag"))
 )
-CHUNK = 4096  # inputs of a file classified (and written) at a time: length-sorted within, memory bounded
+CHUNK = 4096  # inputs of a file submitted at a time: length-sorted within, memory bounded
 
 
 @dataclass
@@ -76,6 +81,7 @@ class PredictConfig:
     progress: bool = True
     overwrite: bool = False
     runtime: str = "torch"
+    max_wait: float | None = None
 
 
 EPILOG = """examples:
@@ -109,7 +115,13 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> None:
     add_output(p, "JSONL file (default: stdout)", required=False)
     option("overwrite", help="replace an existing --output file of predictions (never a folder or another file)")
     _rule_arguments(p)
-    option("batch_size", help="inputs per batch (stdin: at most; batches close as lines stop arriving)")
+    option("batch_size", help="rows per layer call: each layer's queue runs when it holds this many (or at a flush)")
+    option(
+        "max_wait",
+        metavar="SECONDS",
+        help="the longest a row waits in a layer queue for its batch to fill (default: until it fills, the input "
+        "ends or stdin goes quiet)",
+    )
     option("max_length", help="tokens per input (default: the operating point's, else the training run's, else 128)")
     option("max_unk_fraction", help="refuse inputs the model's vocabulary turns into more [UNK] than this (1: never)")
     option(
@@ -172,7 +184,7 @@ def predict_inputs(args: argparse.Namespace) -> list[tuple[str, object]]:
 
 def option_problems(args: argparse.Namespace) -> list[str]:
     """The numeric options outside their ranges, checked before anything loads."""
-    lows = {"batch_size": 1, "max_length": 1, "threads": 1}
+    lows = {"batch_size": 1, "max_length": 1, "threads": 1, "max_wait": 0}
     return [
         f"--{name.replace('_', '-')} must be >= {low}, got {value}"
         for name, low in lows.items()
@@ -272,14 +284,18 @@ def main(args: argparse.Namespace) -> int:
     columns = classifier.task.text_columns if classifier.task is not None else None
     inputs = read_inputs(args.input, fmt, columns) if args.input != "-" else None  # checked whole, before any output
     tally, start = Tally(), time.perf_counter()
+    stream = classifier.stream(max_wait=args.max_wait)
     try:
         with output_stream(args.output) as out:
             if inputs is None:
                 parser = LineParser(fmt, STDIN, columns, stream=True)
-                for batch in arriving_batches(sys.stdin.buffer, parser, args.batch_size):
-                    tally.add(_write(out, batch, classifier), batch)
+                _serve(stream, arriving_batches(sys.stdin.buffer, parser, args.batch_size), out, tally)
             else:
-                _predict_file(classifier, inputs, out, tally, args.progress)
+                chunks = ((inputs[i : i + CHUNK], False) for i in range(0, len(inputs), CHUNK))
+                with tqdm(
+                    total=len(inputs), unit="text", desc="predict", disable=not args.progress, file=sys.stderr
+                ) as bar:
+                    _serve(stream, chunks, out, tally, bar.update)
             if not tally.layers:  # a file of emoji or of another script: no label is a meaningful answer
                 raise DataError(f"no input could be classified: {tally.unclassified()}{tally.hint()}")
     except BrokenPipeError:  # the reader of stdout went away (`| head`): nothing more to say
@@ -293,24 +309,46 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _predict_file(
-    classifier: EarlyExitClassifier, inputs: list[TextInput], out: BinaryIO, tally: Tally, progress: bool
+    stream: PredictionStream, inputs: list[TextInput], out: BinaryIO, tally: Tally, progress: bool
 ) -> None:
     """A file's inputs, `CHUNK` at a time, with a progress bar."""
+    chunks = ((inputs[start : start + CHUNK], False) for start in range(0, len(inputs), CHUNK))
     with tqdm(total=len(inputs), unit="text", desc="predict", disable=not progress, file=sys.stderr) as bar:
-        for start in range(0, len(inputs), CHUNK):
-            chunk = inputs[start : start + CHUNK]
-            tally.add(_write(out, chunk, classifier, bar.update), chunk)
+        _serve(stream, chunks, out, tally, bar.update)
+
+
+def _serve(
+    stream: PredictionStream,
+    batches: Iterable[tuple[list[TextInput], bool]],
+    out: BinaryIO,
+    tally: Tally,
+    progress: Callable[[int], None] | None = None,
+) -> None:
+    """Submit each batch (flushing the engine when the input is `quiet`: nothing more is waiting), write the answers
+    that are ready in input order as they come, and everything at the end."""
+    for batch, quiet in batches:
+        if batch:
+            stream.submit(batch)
+        if quiet:
+            stream.flush()
+        _write(out, stream.ready(), tally, progress)
+    stream.flush()
+    _write(out, stream.ready(), tally, progress)
 
 
 def _write(
-    out: BinaryIO, inputs: list[TextInput], classifier: EarlyExitClassifier, progress: Callable | None = None
-) -> list[dict]:
-    """Classify `inputs` and write their lines, every byte of them (`common.io.write_all`: a short write to a full
-    disk is an error, not a lost tail) and flushed (a stream's reader sees each answer at once)."""
-    records = classifier.predict_inputs(inputs, progress)
+    out: BinaryIO, answered: list[tuple[TextInput, dict]], tally: Tally, progress: Callable | None = None
+) -> None:
+    """Write the records' lines, every byte of them (`common.io.write_all`: a short write to a full disk is an error,
+    not a lost tail) and flushed (a stream's reader sees each answer at once)."""
+    if not answered:
+        return
+    inputs, records = zip(*answered)
     lines = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
     write_all(out, lines.encode("utf-8"), getattr(out, "name", None))  # stdout's: `<stdout>`
-    return records
+    tally.add(list(records), list(inputs))
+    if progress is not None:
+        progress(len(records))
 
 
 def _stdout() -> BinaryIO:

@@ -28,7 +28,9 @@ class LearnedExitRule(ExitRule):
         self.head = head.eval()
         self.head_width = head.linear.in_features
 
-    def decide(self, position: int, representation: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def decide(
+        self, position: int, representation: torch.Tensor, logits: torch.Tensor, state: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
         if self.head.linear.weight.device != representation.device:
             self.head.to(representation.device)
         return self.head(representation) < self.threshold

@@ -1,6 +1,7 @@
 """Fixtures: MiniLM (real weights) with an exit at every layer, real GLUE rows, and random exit heads centred and
 scaled on those rows so that confidences differ from sample to sample (untrained heads are nearly constant)."""
 
+import copy
 import json
 import shutil
 from pathlib import Path
@@ -163,3 +164,50 @@ def entropy_tau(classifier, tokenizer, dev_texts):
     i = int(gaps.argmax())
     assert gaps[i] > 1e-3, "no usable gap between the observed entropies"
     return round(float((values[lo + i] + values[lo + i + 1]) / 2), 4)
+
+
+def _conditioned(model, seed):
+    """`model` with exit heads that do not amplify float noise: the fixtures' spread heads scale rounding ~1e3 on
+    purpose (test_engine.py), so their logits cannot show a 1e-5 agreement; here weights ~N(0, 9/d), bias 0."""
+    model = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for head in model.exits.values():
+            weight = head.classifier.weight
+            weight.copy_(torch.randn(weight.shape, generator=g) * (3.0 / weight.shape[1] ** 0.5))
+            head.classifier.bias.zero_()
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def onnx_models(classifier, mha_classifier, tmp_path_factory):
+    """{kind: (eager model, its ONNX export)} for linear and MHA exits, conditioned heads (needs onnx, onnxruntime)."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    from finetune.onnx_export import export_onnx
+
+    out = {}
+    for kind, model in (("linear", classifier), ("mha", mha_classifier)):
+        model = _conditioned(model, seed=3)
+        model_dir = _save_classifier(model, tmp_path_factory.mktemp(kind), finetuning_task="SST-2")
+        export = tmp_path_factory.mktemp(f"onnx_{kind}") / "export"
+        export_onnx(model_dir, export, max_length=128)
+        out[kind] = (model, export)
+    return out
+
+
+@pytest.fixture(scope="session")
+def onnx_spread(classifier, mha_classifier, tmp_path_factory):
+    """{kind: (eager model, its ONNX export)} for linear and MHA exits with the spread heads: confidences differ
+    from row to row, so rules send rows out at several exits (their logits amplify float noise ~1e3)."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    from finetune.onnx_export import export_onnx
+
+    out = {}
+    for kind, model in (("linear", classifier), ("mha", mha_classifier)):
+        model_dir = _save_classifier(model, tmp_path_factory.mktemp(f"spread_{kind}"), finetuning_task="SST-2")
+        export = tmp_path_factory.mktemp(f"onnx_spread_{kind}") / "export"
+        export_onnx(model_dir, export, max_length=128)
+        out[kind] = (model, export)
+    return out

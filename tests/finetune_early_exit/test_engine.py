@@ -200,12 +200,12 @@ def test_exit_subset_and_static_truncation(classifier, sst2_dev):
 
 def test_patience_counts_consecutive_agreement():
     rule = make_rule("patience", 2, 2)
-    rule.start(3)
+    state = rule.initial_state(3)
     steps = [[0, 1, 1], [0, 0, 1], [0, 0, 1], [1, 0, 0]]  # predicted class per sample, exit by exit
     fired = []
     for position, preds in enumerate(steps):
         logits = torch.nn.functional.one_hot(torch.tensor(preds), 2).float()
-        fired.append(rule.decide(position, None, logits).tolist())
+        fired.append(rule.decide(position, None, logits, state).tolist())
     # sample 0 (0,0,0,1) and sample 2 (1,1,1,0) agree twice by exit 3; sample 1 (1,0,0,0) only by exit 4
     assert [f[0] for f in fired] == [False, False, True, False]
     assert [f[1] for f in fired] == [False, False, False, True]

@@ -37,7 +37,7 @@ def _predict(model, texts, tmp_path, *extra):
 
 def test_export_then_predict_on_onnxruntime(saved_model, cli_export, dev_texts, tmp_path):
     manifest = json.loads((cli_export / "onnx" / "manifest.json").read_text())
-    assert manifest["max_length"] == 128 and len(manifest["pieces"]["layers"]["int8"]) == 6
+    assert manifest["max_length"] == 128 and len(manifest["pieces"]["steps"]["int8"]) == 6
     eager = _predict(saved_model, dev_texts, tmp_path)
     served = _predict(cli_export, dev_texts, tmp_path, "--runtime", "onnxruntime")
     assert [r["exit_layer"] for r in served] == [r["exit_layer"] for r in eager]
@@ -56,10 +56,10 @@ def _cli(*argv):
 def test_bad_input_is_one_line(saved_model, cli_export, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(cli_export, copy)
-    (copy / "onnx" / "exit_3.onnx").write_bytes(b"not a graph")
+    (copy / "onnx" / "step_3.onnx").write_bytes(b"not a graph")
     for argv, needle in (
         (["predict", "--model", str(saved_model), "--runtime", "onnxruntime"], "not an ONNX early-exit export"),
-        (["predict", "--model", str(copy), "--runtime", "onnxruntime"], "exit_3.onnx"),
+        (["predict", "--model", str(copy), "--runtime", "onnxruntime"], "step_3.onnx"),
         (["export", "--model", str(saved_model), "--output", str(cli_export), "--format", "onnx"], "pass --overwrite"),
         (["predict", "--model", str(cli_export), "--runtime", "onnxruntime", "--device", "cuda"], "--device cpu"),
     ):

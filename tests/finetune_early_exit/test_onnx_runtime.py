@@ -4,11 +4,11 @@ LTE), int8 close to eager int8, and the refusals (missing piece, flipped byte, p
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -25,30 +25,9 @@ from finetune.onnx_runtime import OnnxLayers  # noqa: E402
 from finetune.predict import EarlyExitClassifier  # noqa: E402
 
 
-def _conditioned(model, seed):
-    """`model` with exit heads that do not amplify float noise: the fixtures' spread heads scale rounding ~1e3 on
-    purpose (test_engine.py), so their logits cannot show a 1e-5 agreement; here weights ~N(0, 9/d), bias 0."""
-    model = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for head in model.exits.values():
-            weight = head.classifier.weight
-            weight.copy_(torch.randn(weight.shape, generator=g) * (3.0 / weight.shape[1] ** 0.5))
-            head.classifier.bias.zero_()
-    return model.eval()
-
-
 @pytest.fixture(scope="module")
-def models(classifier, mha_classifier, save_classifier, tmp_path_factory):
-    """{kind: (eager model, its ONNX export)} for linear and MHA exits, conditioned heads."""
-    out = {}
-    for kind, model in (("linear", classifier), ("mha", mha_classifier)):
-        model = _conditioned(model, seed=3)
-        model_dir = save_classifier(model, tmp_path_factory.mktemp(kind), finetuning_task="SST-2")
-        export = tmp_path_factory.mktemp(f"onnx_{kind}") / "export"
-        export_onnx(model_dir, export, max_length=128)
-        out[kind] = (model, export)
-    return out
+def models(onnx_models):
+    return onnx_models
 
 
 @pytest.fixture(scope="module")
@@ -125,22 +104,22 @@ def test_two_threads_run_small_batches_on_one_thread_and_equal_one_thread(models
 
     model, export = models["mha"]
     one, two = OnnxLayers(export, "fp32", threads=1), OnnxLayers(export, "fp32", threads=2)
-    assert one.parallel_layers is one.layers and two.parallel_layers is not two.layers
-    for session in (*two.layers, *two.parallel_layers, *two.exits.values(), two.embeddings):
+    assert one.parallel_steps is one.steps and two.parallel_steps is not two.steps
+    for session in (*two.steps, *two.parallel_steps):
         assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
-    assert two.parallel_layers[0].get_session_options().intra_op_num_threads == 2
-    assert two.layers[0].get_session_options().intra_op_num_threads == 1
+    assert two.parallel_steps[0].get_session_options().intra_op_num_threads == 2
+    assert two.steps[0].get_session_options().intra_op_num_threads == 1
     used = []
-    for name in ("layers", "parallel_layers"):
+    for name in ("steps", "parallel_steps"):
         sessions = getattr(two, name)
         monkeypatch.setattr(two, name, [_Recorded(s, used, name) for s in sessions])
     rule = _rules(model, sst2_dev)["entropy"]
     _compare(one, two, sst2_dev, 1, rule, 1e-5)
-    assert set(used) == {"layers"}
+    assert set(used) == {"steps"}
     used.clear()
     _compare(one, two, sst2_dev, 32, rule, 1e-5)
     assert sst2_dev.input_ids.shape[0] * int(sst2_dev.lengths.max()) >= onnx_runtime.PARALLEL_MIN_TOKENS
-    assert "parallel_layers" in used
+    assert "parallel_steps" in used
 
 
 class _Recorded:
@@ -165,9 +144,9 @@ def test_int8_stays_within_the_eager_int8_band(classifier, models, sst2_dev):
     ids, mask, types = sst2_dev.input_ids, sst2_dev.attention_mask, sst2_dev.token_type_ids
     with torch.inference_mode():
         states = model(ids, attention_mask=mask, token_type_ids=types, output_hidden_states=True).hidden_states
-    hidden, layer_mask, real = ort.embed(ids, types, None), ort.layer_mask(mask), mask.bool()
-    for index, reference in enumerate(states[1:]):
-        hidden = ort.run_layer(index, hidden, layer_mask)
+    hidden, real = (ids, types, None), mask.bool()
+    for index, reference in enumerate(states[1:-1]):  # the last step returns no hidden states (nothing follows)
+        hidden = ort.step(index, hidden, mask, True, False).hidden
         cosine = float(torch.nn.functional.cosine_similarity(reference[real], hidden[real], dim=-1).mean())
         assert 0.95 <= cosine < 0.9999
 
@@ -191,19 +170,22 @@ def test_int8_answers_do_not_depend_on_the_batch(kind, models, sst2_dev):
 
 def test_int8_pieces_mean_the_same_after_graph_optimization(exported, sst2_dev):
     """The int8 graph is what ONNX Runtime runs: optimized (ORT_ENABLE_ALL, as `OnnxLayers` opens it) and not, a
-    layer's output agrees. (Scaling the int32 product by the token's and weight's scales multiplied first is fused
-    by ORT_ENABLE_EXTENDED into MatMulIntegerToFloat, which misreads that product: max error 4.4 on a linear.)"""
+    step's output agrees on every real token. (Scaling the int32 product by the token's and weight's scales
+    multiplied first is fused by ORT_ENABLE_EXTENDED into MatMulIntegerToFloat, which misreads that product: max
+    error 4.4 on a linear.)"""
     import onnxruntime as ort
 
     ids, mask = sst2_dev.input_ids[:8], sst2_dev.attention_mask[:8]
-    hidden = OnnxLayers(exported, "int8", threads=1).embed(ids, None, None).numpy()
+    hidden = OnnxLayers(exported, "int8", threads=1).step(0, (ids, ids * 0, None), mask, True, False).hidden.numpy()
     outputs = []
     for level in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
         options = ort.SessionOptions()
         options.graph_optimization_level = level
-        session = ort.InferenceSession(str(exported / "onnx" / "layer_0.int8.onnx"), options)
-        outputs.append(session.run(None, {"hidden": hidden, "mask": mask.numpy()})[0])
-    assert float(abs(outputs[0] - outputs[1]).max()) <= 1e-4
+        session = ort.InferenceSession(str(exported / "onnx" / "step_1.int8.onnx"), options)
+        feeds = {"hidden": hidden, "mask": mask.numpy(), "exit_rows": np.array([8])}
+        outputs.append(session.run(None, feeds)[0])
+    real = mask.numpy().astype(bool)  # padding positions carry masked noise, which no real token reads
+    assert float(abs(outputs[0] - outputs[1])[real].max()) <= 1e-4
 
 
 def test_round_trip_and_classifier(models, exported, save_classifier, tmp_path):
@@ -223,16 +205,16 @@ def test_round_trip_and_classifier(models, exported, save_classifier, tmp_path):
 def test_refusals(saved_model, exported, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(exported, copy)
-    (copy / "onnx" / "layer_0.onnx").unlink()
-    with pytest.raises(UserError, match="layer_0.onnx: missing"):
+    (copy / "onnx" / "step_0.onnx").unlink()
+    with pytest.raises(UserError, match="step_0.onnx: missing"):
         OnnxLayers(copy)
     shutil.rmtree(copy)
     shutil.copytree(exported, copy)
-    piece = copy / "onnx" / "exit_1.onnx"
+    piece = copy / "onnx" / "step_1.onnx"
     data = bytearray(piece.read_bytes())
     data[len(data) // 2] ^= 0x01
     piece.write_bytes(bytes(data))
-    with pytest.raises(UserError, match="exit_1.onnx: contents differ"):
+    with pytest.raises(UserError, match="step_1.onnx: contents differ"):
         OnnxLayers(copy)
     with pytest.raises(ConfigError, match="not an ONNX early-exit export"):
         EarlyExitClassifier.from_pretrained(saved_model, runtime="onnxruntime")
@@ -251,3 +233,39 @@ def test_a_setting_calibrated_at_int8_is_refused_at_fp32(saved_model, tmp_path):
     assert served.setting.strategy == "entropy" and served.max_length == 64
     with pytest.raises(UserError, match="chosen at int8"):
         EarlyExitClassifier.from_pretrained(out, runtime="onnxruntime", precision="fp32")
+
+
+def test_a_format_1_export_is_refused_with_the_command_that_re_exports_it(exported, tmp_path):
+    """Format 1 ran the embeddings, each layer and each exit head as separate pieces; format 2 runs one fused step
+    per layer. An old export is refused by name, with the command that writes it again - not served half-read."""
+    from common.integrity import seal
+
+    old = tmp_path / "old"
+    shutil.copytree(exported, old)
+    manifest = json.loads((old / MANIFEST).read_text())
+    manifest.update(format="elasticbert-onnx-early-exit/1", source="runs/sst2/best")
+    (old / MANIFEST).write_text(json.dumps(manifest))
+    (old / "checksums.json").unlink()
+    seal(old)
+    with pytest.raises(ConfigError, match=r"no longer served.*finetune export --layout onnx --model runs/sst2/best"):
+        OnnxLayers(old)
+
+
+def test_one_session_run_per_layer_call(models, sst2_dev):
+    """The export's steps fuse the embeddings into the first layer and each exit head into its layer: the engine
+    runs one session per layer call, at batch 1 and 32 alike, and none for an exit the rule does not need."""
+    model, export = models["mha"]
+    ort = OnnxLayers(export, "int8", threads=1)
+    manifest = json.loads((export / MANIFEST).read_text())
+    assert manifest["format"].endswith("/2") and len(manifest["pieces"]["steps"]["int8"]) == 6
+    runs = []
+    ort.steps = [_Recorded(s, runs, i) for i, s in enumerate(ort.steps)]
+    ort.parallel_steps = ort.steps
+    rule = _rules(model, sst2_dev)["entropy"]()
+    ids, mask, types = sst2_dev.input_ids, sst2_dev.attention_mask, sst2_dev.token_type_ids
+    n = int(sst2_dev.lengths[0])
+    alone = run_batch(ort, ids[:1, :n], mask[:1, :n], types[:1, :n], rule)
+    assert runs == list(range(int(alone.exit_layers[0])))  # one run per layer reached, embeddings and exit inside
+    runs.clear()
+    static = run_batch(ort, ids, mask, types, make_rule("static", None, 2))
+    assert runs == list(range(6)) and static.exits_evaluated.eq(1).all()  # inner heads run on no rows

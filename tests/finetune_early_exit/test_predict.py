@@ -61,14 +61,16 @@ def test_predictions_equal_early_exits_per_sample_records(
         assert record["exit_layer"] == int(sample["exit_layer"])
         assert record["flops"] == int(sample["flops"])
         assert record["tokens"] == int(sample["length"])
-    # probabilities: the engine's logits on the same rows and batches
+    # probabilities: the engine's logits on the same rows. predict's layer queues batch a row with other rows than
+    # early-exit's fixed batches of 8 do after the first layer: fp32 float noise (~1e-7), which the fixture's spread
+    # heads amplify ~1e3 (test_engine.py)
     split = EncodedSplit.from_examples(
         load_tokenizer(saved_model), load_split(get_task("SST-2"), small_glue, "dev"), 128
     )
     result, _ = run_dataset(model, split.batches(8), make_rule("entropy", entropy_tau, 2))
     wanted = torch.softmax(result.logits.double(), -1)
     got = torch.tensor([[r["probabilities"][names[k]] for k in range(2)] for r in records], dtype=torch.double)
-    torch.testing.assert_close(got, wanted, atol=1e-6, rtol=0)
+    torch.testing.assert_close(got, wanted, atol=1e-3, rtol=0)
     # the same point taken from the sweep's result by name, and by a rule
     by_name = tmp_path / "by_name.jsonl"
     point = f"{result_json}:entropy={entropy_tau}"
@@ -184,3 +186,23 @@ def test_stdin_is_streamed(saved_model, entropy_tau, dev_texts):
     assert [a["label"] for a in answers] == [w["label"] for w in want]
     for got, wanted in zip(answers, want):  # batchings differ: float noise, amplified by the spread heads
         assert got["probabilities"] == pytest.approx(wanted["probabilities"], abs=2e-3)
+
+
+def test_a_fast_pipe_is_answered_in_order_and_max_wait_is_checked(saved_model, entropy_tau, dev_texts):
+    """Every line at once on stdin: the queues fill across arrivals, and the answers still come one per line, in
+    order, equal to the batch call's; a negative --max-wait is refused in one line."""
+    argv = [sys.executable, "-m", "finetune", "predict", "--model", str(saved_model), "--strategy", "entropy"]
+    argv += ["--threshold", f"{entropy_tau}", "--threads", "1", "--batch-size", "4"]
+    texts = [*dev_texts, "", *dev_texts[:3]]
+    proc = subprocess.run(
+        [*argv, "--max-wait", "0.5"], input="\n".join(texts) + "\n", capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    answers = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(answers) == len(texts) and answers[len(dev_texts)]["flag"] == "empty"
+    want = EarlyExitClassifier.from_pretrained(saved_model, strategy="entropy", threshold=entropy_tau).predict(texts)
+    assert [a.get("exit_layer") for a in answers] == [w.get("exit_layer") for w in want]
+    assert [a.get("label") for a in answers] == [w.get("label") for w in want]
+    refused = subprocess.run([*argv, "--max-wait", "-1"], input="x\n", capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0 and "--max-wait must be >= 0" in refused.stderr
+    assert "Traceback" not in refused.stderr

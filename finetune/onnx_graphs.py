@@ -1,0 +1,103 @@
+"""Graph surgery for the ONNX export (`onnx_export`): joining the traced pieces into one graph per layer call.
+
+The export traces the embeddings, each layer and each exit head apart (each is one torch module; a layer's int8
+version is its fp32 graph rewritten, `onnx_export.per_token_int8`, which must not touch the fp32 embeddings and exit
+heads) and joins them here into one *step* per layer: [embeddings →] layer → [exit], so that ONNX Runtime runs one
+session per layer call (`onnx_runtime.OnnxLayers`). Standard `onnx` protobuf editing only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+EXIT_ROWS = "exit_rows"  # a step's input: how many of its rows the fused exit head runs on (all, or none)
+
+
+def rename_tensors(graph: Any, mapping: dict[str, str]) -> None:
+    """Rename tensors in `graph` (in place): node inputs and outputs, graph inputs and outputs, value infos."""
+    for node in graph.node:
+        node.input[:] = [mapping.get(name, name) for name in node.input]
+        node.output[:] = [mapping.get(name, name) for name in node.output]
+    for info in [*graph.input, *graph.output, *graph.value_info]:
+        info.name = mapping.get(info.name, info.name)
+
+
+def exit_on_rows(exit_model: Any) -> Any:
+    """`exit_model` (inputs hidden [, mask]) computed on the first `exit_rows` rows only: a Slice of each input
+    ahead of it. The engine passes all rows when it asks for the exit and none when it does not (the full model runs
+    no inner exit head; an empty batch costs the head's op overheads only)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    graph = exit_model.graph
+    names = [i.name for i in graph.input]
+    rows = {name: f"{name}/exit_rows" for name in names}
+    for node in graph.node:
+        node.input[:] = [rows.get(name, name) for name in node.input]
+    slices = [helper.make_node("Slice", [name, "exit/zero", EXIT_ROWS, "exit/zero"], [rows[name]]) for name in names]
+    nodes = [*slices, *graph.node]  # the Slices first: the graph stays in topological order
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.append(numpy_helper.from_array(np.zeros(1, dtype=np.int64), "exit/zero"))
+    graph.input.append(helper.make_tensor_value_info(EXIT_ROWS, onnx.TensorProto.INT64, [1]))
+    return exit_model
+
+
+def join(first: Any, second: Any, prefix: str, links: dict[str, str], outputs: list[str]) -> Any:
+    """One model: `first`, then `second` reading `first`'s tensors. `links` maps `second`'s inputs to `first`'s
+    tensors (an output, or an input both take, e.g. the mask: an input of the joined model either way); `second`'s
+    other inputs stay inputs, its other names
+    are prefixed with `prefix` (no clash with `first`'s initializers or nodes), and its outputs keep their names.
+    `outputs`: the joined model's outputs, by name, from either side."""
+    import onnx
+    from onnx import compose, helper
+
+    graph = compose.add_prefix_graph(second.graph, prefix)
+    mapping = {prefix + name: target for name, target in links.items()}
+    mapping.update({prefix + i.name: i.name for i in second.graph.input if i.name not in links})
+    mapping.update({prefix + o.name: o.name for o in second.graph.output})
+    rename_tensors(graph, mapping)
+    known = {i.name for i in first.graph.input} | {name for node in first.graph.node for name in node.output}
+    inputs = [*first.graph.input, *(i for i in graph.input if i.name not in known)]  # e.g. a mask first lacks
+    by_name = {o.name: o for o in [*first.graph.output, *graph.output]}
+    missing = [name for name in outputs if name not in by_name]
+    if missing:
+        raise ValueError(f"join: no output {missing} (have {sorted(by_name)})")
+    joined = helper.make_graph(
+        [*first.graph.node, *graph.node],
+        first.graph.name,
+        inputs,
+        [by_name[name] for name in outputs],
+        [*first.graph.initializer, *graph.initializer],
+        value_info=[*first.graph.value_info, *graph.value_info],
+    )
+    model = helper.make_model(joined, opset_imports=first.opset_import, ir_version=first.ir_version)
+    onnx.checker.check_model(model)
+    return model
+
+
+def rename_output(model: Any, old: str, new: str) -> Any:
+    """`model` with its output (and the tensor) `old` called `new`."""
+    rename_tensors(model.graph, {old: new})
+    return model
+
+
+def externalize(model: Any, initializer: str, location: str) -> bytes:
+    """Move `model`'s initializer `initializer` to the external file `location` (beside the model, written by the
+    caller once for every model sharing it); returns its bytes."""
+    import onnx
+    from onnx import numpy_helper
+    from onnx.external_data_helper import set_external_data
+
+    tensor = next((t for t in model.graph.initializer if t.name == initializer), None)
+    if tensor is None:
+        raise ValueError(f"no initializer {initializer!r} to move out of the graph")
+    data = numpy_helper.to_array(tensor).tobytes()
+    tensor.ClearField("float_data")
+    tensor.raw_data = data
+    set_external_data(tensor, location=location, offset=0, length=len(data))
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.ClearField("raw_data")
+    return data
