@@ -148,7 +148,7 @@ class _StaticStep:
 
     def __init__(self, owner: GraphedLayers, index: int, with_exit: bool, rows: int, length: int, like: Any) -> None:
         self.owner, self.index, self.with_exit = owner, index, with_exit
-        device = owner.device
+        device = (like[0] if index == 0 else like).device  # beside the inputs it copies (the runner's device)
         self.mask = torch.zeros(rows, length, dtype=torch.long, device=device)
         if index == 0:
             ids, types, positions = like
@@ -192,7 +192,7 @@ class _StaticStep:
             cut.representation, cut.logits = out.representation[:rows].clone(), out.logits[:rows].clone()
         return cut
 
-    def _capture(self) -> None:  # pragma: no cover - needs a CUDA device (bench/gpu_bench.py runs it)
+    def _capture(self) -> None:  # a CUDA device (bench/gpu_bench.py; CI: tests/support/fake_cuda.py's stubs)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

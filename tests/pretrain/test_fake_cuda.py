@@ -261,6 +261,8 @@ ANCHORS = [
     ("pretrain/ds_runtime.py", "capabilities = [torch.cuda.get_device_capability(i)"),
     ("finetune/model.py", 'return torch.device("cuda"'),
     ("finetune/checkpoint.py", 'torch.cuda.set_rng_state_all(states["cuda"])'),
+    ("elasticbert/layer_runner.py", "self.graph = torch.cuda.CUDAGraph()"),
+    ("elasticbert/layer_runner.py", "return GraphedLayers(model)"),
 ]
 
 
@@ -379,6 +381,8 @@ def scenario(tmp_path: Path, corpus: Path, monkeypatch: Any, kind: str | None) -
     resolve_device("auto", 0)
     set_rng_states(rng_states())
     model_step(caps.kind)
+    if kind:
+        graphed_serving_step(monkeypatch)
 
 
 def model_step(device_kind: str) -> None:
@@ -403,6 +407,41 @@ def model_step(device_kind: str) -> None:
     assert precision_problem("int8", device_kind) == (
         None if device_kind == "cpu" else precision_problem("int8", "cuda")
     )
+
+
+def graphed_serving_step(monkeypatch: Any) -> None:
+    """A serving classifier on the (fake) GPU: `serving_runner` picks `GraphedLayers`, whose first call of a shape
+    captures a CUDA graph (the fake runs the capture eagerly, on the CPU's kernels) and answers as the eager step; the
+    next call of that shape replays the graph."""
+    from elasticbert import ElasticBertConfig, ElasticBertForSequenceClassification
+    from elasticbert.layer_runner import GraphedLayers, TorchLayers, serving_runner
+
+    torch.manual_seed(0)
+    config = ElasticBertConfig(
+        vocab_size=99,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        exit_layers=[1, 2],
+    )
+    model = ElasticBertForSequenceClassification(config).eval()
+    ids = torch.randint(5, 99, (3, 7))
+    mask = torch.ones_like(ids)
+    mask[2, 4:] = 0
+    inputs = (ids, torch.zeros_like(ids), None)
+    with monkeypatch.context() as on_gpu:
+        on_gpu.setattr(type(model), "device", property(lambda self: torch.device("cuda")))
+        runner = serving_runner(model)
+        assert isinstance(runner, GraphedLayers) and runner.capture
+        with torch.inference_mode():
+            captured = runner.step(0, inputs, mask, True, True)
+            eager = TorchLayers(model).step(0, inputs, mask, True, True)
+            runner.step(0, inputs, mask, True, True)
+    torch.testing.assert_close(captured.logits, eager.logits)
+    torch.testing.assert_close(captured.hidden[mask.bool()], eager.hidden[mask.bool()])
+    (static,) = runner.shapes.values()
+    assert static.graph.captured and static.graph.replays == 2
 
 
 def test_every_gpu_only_line_of_the_library_runs_under_the_fakes(tmp_path, corpus, monkeypatch, clean_env):

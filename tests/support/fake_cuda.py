@@ -2,7 +2,8 @@
 
 `fake_cuda(monkeypatch, tmp_path, "h200")` patches torch.cuda's public functions (is_available, device_count,
 get_device_properties / name / capability, get_arch_list, is_bf16_supported, set_device, current_device,
-synchronize, nccl.version, the CUDA RNG states), torch.version.cuda / hip, and puts a stub `nvidia-smi` first on PATH
+synchronize, nccl.version, the CUDA RNG states, and streams and CUDA graphs: `FakeGraph` runs its capture
+eagerly and only counts replays), torch.version.cuda / hip, and puts a stub `nvidia-smi` first on PATH
 that reports the GPUs' capability and the driver (what `common.torch_build` reads). Everything above them — the
 build check, `DeviceCaps.detect`, the precision choice, the DeepSpeed config, the preflight, the trainer's set-up —
 runs as it would on that GPU; no kernel does (the CPU has none), so a test stops before the first one.
@@ -13,6 +14,7 @@ GPUS holds the three generations the users meet: a V100 (7.0, no bf16, only in t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from dataclasses import dataclass, field
@@ -72,6 +74,29 @@ class FakeCuda:
         smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
 
 
+class FakeStream:
+    def wait_stream(self, other: Any) -> None:
+        return None
+
+
+class FakeGraph:
+    """A CUDA graph that records nothing: what ran inside `torch.cuda.graph(...)` ran once, eagerly (on the CPU's
+    kernels), and `replay` only counts — so a fake capture's outputs are those of the inputs loaded at capture."""
+
+    def __init__(self) -> None:
+        self.captured, self.replays = False, 0
+
+    def replay(self) -> None:
+        assert self.captured, "replay of a graph never captured"
+        self.replays += 1
+
+
+@contextlib.contextmanager
+def fake_graph_capture(graph: FakeGraph, pool: Any = None, stream: Any = None) -> Any:
+    yield
+    graph.captured = True
+
+
 def fake_cuda(monkeypatch: Any, tmp_path: Path, kind: str, count: int = 8) -> FakeCuda:
     """Fake `count` GPUs of `kind` (a key of GPUS) for the rest of the test (monkeypatch undoes it)."""
     gpu = GPUS[kind]
@@ -106,6 +131,16 @@ def fake_cuda(monkeypatch: Any, tmp_path: Path, kind: str, count: int = 8) -> Fa
         "get_rng_state_all": lambda: [torch.zeros(16, dtype=torch.uint8) + i for i in range(count)],
         "set_rng_state_all": lambda states: setattr(fake, "rng_states", list(states)),
     }
+    patches.update(  # what a CUDA graph's capture calls (elasticbert.layer_runner.GraphedLayers)
+        {
+            "Stream": FakeStream,
+            "current_stream": lambda device=None: FakeStream(),
+            "stream": lambda stream: contextlib.nullcontext(stream),
+            "CUDAGraph": FakeGraph,
+            "graph": fake_graph_capture,
+            "graph_pool_handle": lambda: ("fake pool",),
+        }
+    )
     for name, value in patches.items():
         monkeypatch.setattr(cuda, name, value)
     monkeypatch.setattr(cuda.nccl, "version", lambda: (2, 27, 7))
