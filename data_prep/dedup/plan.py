@@ -20,10 +20,10 @@ from common.io import atomic_write_json, read_object
 
 from .. import sources as S
 from .. import text_faults as TF
-from .manifest import REPORT
 from ..errors import DataPrepError
 from ..plan import build_plan, make_config, plan_difference, plan_hash
 from ..util import CANONICAL, canonical_json
+from .manifest import REPORT
 
 log = logging.getLogger("data_prep")
 

@@ -16,14 +16,14 @@ from common.integrity import hash_files, sha256_bytes, write_checksums
 from common.io import atomic_write_text, peek_object, read_object
 
 from .. import text_faults as TF
+from ..errors import DataPrepError
+from ..util import canonical_json
 from .lsh import load_roots
 from .manifest import REPORT, TEXT_DIR
 from .plan import REPORT_MD, DedupRun, remove_work
 from .stages import DedupContext, every_unit
 from .text import candidate_probability
 from .write import load_write_record, write_dir, write_keys
-from ..errors import DataPrepError
-from ..util import canonical_json
 
 EXAMPLES = 10
 COUNTS = (

@@ -35,7 +35,10 @@ from common.outputs import DEDUP_OUTPUT as DEDUP_KIND
 from common.outputs import Output, check_output
 
 from .. import text_faults as TF
+from ..errors import DataPrepError, output_errors
+from ..plan import plan_hash
 from .evalsets import EvalTable, load_eval_table
+from .lsh import stage_clusters
 from .plan import (
     INPUT_SETTINGS,
     DedupConfig,
@@ -46,12 +49,9 @@ from .plan import (
     signature_settings,
     unit_keys,
 )
-from .stages import DedupContext, stage_signatures
-from .lsh import stage_clusters
-from .write import stage_write
 from .report import stage_report
-from ..errors import DataPrepError, output_errors
-from ..plan import plan_hash
+from .stages import DedupContext, stage_signatures
+from .write import stage_write
 
 __all__ = ["DedupConfig", "DedupRun", "dedup_corpus"]
 
