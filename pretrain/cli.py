@@ -1,12 +1,7 @@
-"""`python -m pretrain {train,preflight,export,build-index,check-config,convert-universal}` (console script:
-`elasticbert-pretrain`).
-
-Exit codes: 0 done; 2 bad input (config, data, run directory in use, incompatible or corrupt checkpoint: any
-`common.errors.UserError`) printed as `pretrain: error: MESSAGE`, no traceback; 3 training diverged (a non-finite
-loss, gradient norm or weight: stopped without saving, `pretrain.guards`); 4 a checkpoint or log could not be
-written (disk full: `latest` unchanged); 75 (EX_TEMPFAIL) after a preemption-triggered checkpoint (requeue and
-rerun the same command); 130 Ctrl-C. Each command imports what it needs when it runs, so `--help` starts without
-torch or DeepSpeed (`check-config --precision-for detect` imports torch to look at the GPU).
+"""The commands of `python -m pretrain` (train, preflight, export, build-index, check-config, convert-universal): their
+parsers and what each runs; `pretrain.__main__` assembles them and dispatches (exit codes: there). Each command
+imports what it needs when it runs, so `--help` starts without torch or DeepSpeed (`check-config --precision-for
+detect` imports torch to look at the GPU).
 """
 
 from __future__ import annotations
@@ -18,9 +13,9 @@ import sys
 from collections.abc import Callable
 from itertools import zip_longest
 from pathlib import Path
+from typing import Any
 
-from common.cli import add_command, add_debug, add_output, add_switch, config_argument, dispatch
-from common.errors import EXIT_PEER_LOST
+from common.cli import add_command, add_output, add_switch, config_argument
 from common.outputs import PRETRAIN_RUN, Output, check_output
 
 from .config import CheckpointConfig, ConfigError, load_config
@@ -58,13 +53,8 @@ PREFLIGHT_HELP = (
 )
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m pretrain", description="ElasticBERT multi-exit pre-training")
-    # the deepspeed launcher inserts --local_rank=N before the subcommand (LOCAL_RANK is read from the environment)
-    ap.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
-    add_debug(ap)
-    sub = ap.add_subparsers(dest="command", required=True)
-
+def add_commands(sub: Any) -> None:
+    """The six commands, on the subparsers of `pretrain.__main__`'s parser."""
     t = add_command(sub, "train", cmd_train, TRAIN_HELP)
     _config_args(t)
     add_output(
@@ -127,7 +117,6 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--checkpoint", required=True, help="RUN/checkpoints")
     u.add_argument("--tag", default="latest")
     _verify_argument(u, "converting")
-    return ap
 
 
 def _verify_argument(p: argparse.ArgumentParser, when: str) -> None:
@@ -233,24 +222,3 @@ def cmd_convert_universal(args: argparse.Namespace) -> int:
     tag = convert_to_universal(ckpt, source)
     print(f"universal checkpoint: {ckpt / tag}")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Parse and run one command; user errors exit 2 with `pretrain: error: ...` (common.cli.dispatch)."""
-    return dispatch(_parser(), argv, prog="pretrain")
-
-
-def _exit(code: int) -> None:
-    """Exit with `code`; after a lost peer (5) at once, without the interpreter's teardown: gloo closes this rank's
-    sockets only when the process ends, and the ranks still blocked in a collective learn that the job is dead only
-    from those sockets closing, rank after rank around the ring. With the normal teardown (1.4 s per rank here)
-    the news took 45-60 s to go round 64 ranks; leaving at once makes each hop a few milliseconds."""
-    if code == EXIT_PEER_LOST:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
-
-
-if __name__ == "__main__":
-    _exit(main())
