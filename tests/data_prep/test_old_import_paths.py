@@ -5,6 +5,7 @@ module `data_prep.dedup` is now the package and still gives its public names."""
 from __future__ import annotations
 
 import importlib
+import subprocess
 import sys
 import warnings
 
@@ -48,3 +49,11 @@ def test_the_old_entry_module_is_the_package_with_its_public_names():
     assert (DedupConfig, dedup_corpus) == (config, run) and DedupRun.__module__ == "data_prep.dedup.plan"
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         importlib.import_module("data_prep.dedup").nothing  # noqa: B018
+
+
+def test_tokenizing_needs_no_minhash_library():
+    """`data_prep.pipeline` imports `data_prep.dedup.manifest`, which runs the package's `__init__`: the run (and
+    rensa, of the `train` extra) is loaded only when `dedup_corpus` is first used."""
+    probe = "import sys, data_prep; print(sorted({'rensa', 'data_prep.dedup.run'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == ["[]"]
