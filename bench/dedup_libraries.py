@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 import dedup_data as D  # noqa: E402
 
-from data_prep import dedup_text as T  # noqa: E402
+from data_prep.dedup import text as T  # noqa: E402
 
 PERM, BANDS, ROWS, K = 112, 14, 8, 3  # the defaults of data_prep dedup
 

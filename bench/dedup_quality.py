@@ -1,5 +1,5 @@
 """Quality of the near-duplicate detector of `data_prep dedup`: recall per kind of copy and the false positives, for
-several shingle sizes and band x row settings, measured with the pipeline's own functions (`data_prep.dedup_text`:
+several shingle sizes and band x row settings, measured with the pipeline's own functions (`data_prep.dedup.text`:
 normalisation, rensa R-MinHash signatures, band keys). The defaults of `DedupConfig` are chosen from its table.
 
     python bench/dedup_quality.py --output docs/dedup          # ~5 min on one core
@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 import dedup_data as D  # noqa: E402
 
-from data_prep import dedup_text as T  # noqa: E402
+from data_prep.dedup import text as T  # noqa: E402
 
 KINDS = ("edit 1%", "edit 5%", "edit 10%", "edit 20%", "shuffled paragraphs", "boilerplate only")
 SETTINGS = [(5, 14, 8), (5, 20, 5), (5, 9, 13), (5, 28, 4), (7, 14, 8), (4, 20, 5), (3, 14, 8), (3, 16, 7), (3, 20, 5)]

@@ -29,10 +29,17 @@ Errors a user can fix raise `data_prep.errors.DataPrepError` (a `common.errors.U
 line): bad input, damaged files, out-of-range options, and failed writes (disk full: the output is left incomplete,
 without manifest.json, and the same command resumes it).
 File formats: `data_prep.shard_format`; output layout and resume rules: `data_prep.pipeline`; the plan and the unit
-store: `data_prep.plan`; tokenizing units (the worker pool): `data_prep.workers`.
+store: `data_prep.plan`; tokenizing units (the worker pool): `data_prep.workers`. Deduplication and
+decontamination, the stage before `tokenize`: the `data_prep.dedup` package. Commands: `data_prep.cli` (the tokenizer
+pipeline's) and `data_prep.dedup.cli`, assembled by `data_prep.__main__`.
+
+The dedup modules were `data_prep/dedup_*.py` until they became the `data_prep.dedup` package: their old names import
+the new modules, with a DeprecationWarning, until the next release (`MOVED_MODULES`).
 """
 
 from __future__ import annotations
+
+from common.moved_modules import alias_moved_modules
 
 from .errors import DataPrepError
 from .pipeline import finalize_dir, iter_corpus_texts, tokenize_corpus
@@ -41,6 +48,18 @@ from .reader import PreparedCorpus
 from .stats import corpus_stats
 from .tokenizer import adopt_vocab, minilm_vocab, train_tokenizer
 from .verify import verify_dir
+
+MOVED_MODULES = {  # old module -> new module (data_prep.dedup, the old module, is the package: same names)
+    "data_prep.dedup_evalsets": "data_prep.dedup.evalsets",
+    "data_prep.dedup_lsh": "data_prep.dedup.lsh",
+    "data_prep.dedup_manifest": "data_prep.dedup.manifest",
+    "data_prep.dedup_plan": "data_prep.dedup.plan",
+    "data_prep.dedup_report": "data_prep.dedup.report",
+    "data_prep.dedup_stages": "data_prep.dedup.stages",
+    "data_prep.dedup_text": "data_prep.dedup.text",
+    "data_prep.dedup_write": "data_prep.dedup.write",
+}
+alias_moved_modules(MOVED_MODULES)
 
 __all__ = [
     "DataPrepError",

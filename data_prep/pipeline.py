@@ -50,7 +50,7 @@ from common.vocab import DEFAULT_MAX_UNK_FRACTION
 
 from . import sources as S
 from . import text_faults as TF
-from .dedup_manifest import dedup_manifest_entry
+from .dedup.manifest import dedup_manifest_entry
 from .errors import DataPrepError, output_errors
 from .plan import (
     FORMAT_VERSION,
@@ -518,7 +518,7 @@ def _manifest(
         "config": plan["config"],
         "splitter": plan["splitter"],
         "sources": plan["sources"],
-        # the dedup run the inputs came from (parameters, report hash), None for other inputs (data_prep/dedup.py)
+        # the dedup run the inputs came from (parameters, report hash), None for other inputs (data_prep/dedup/run.py)
         "dedup": dedup_manifest_entry([s["path"] for s in plan["sources"]]),
         "units": units,
         "splits": splits,

@@ -90,21 +90,19 @@ def early_exit_lines(early_exit_dir: Path, elue: dict) -> list[str]:
     return lines
 
 
-def write_report(out: Path, records: list[dict], summary: dict, seconds: float) -> Path:
-    report = out / "report"
-    report.mkdir(exist_ok=True)
-    losses = pretrain_loss_plot(records, report / "pretrain_losses.png")
-    curve = layer_score_plot(summary["finetune"], report / "layer_scores.png")
+def _copy_figures(out: Path, report: Path) -> None:
+    """The early-exit plots and both TensorBoard logs, into the report folder."""
     for png in sorted((out / "early_exit").glob("*.png")):
         shutil.copy(png, report / png.name)
     for name in ("pretrain/tensorboard", "finetune/tensorboard"):
         if (out / name).is_dir():
             shutil.copytree(out / name, report / "tensorboard" / name.split("/")[0], dirs_exist_ok=True)
 
-    ft = summary["finetune"]
-    elue = summary["early_exit"]
+
+def _opening_lines(summary: dict, seconds: float) -> list[str]:
+    """The title, the toy-data warning when the run had no real data, the scale, and section 1 (data)."""
     toy = summary.get("data_origin") == "toy"
-    lines = [
+    return [
         "# ElasticBERT demo report",
         "",
         *(
@@ -123,6 +121,20 @@ def write_report(out: Path, records: list[dict], summary: dict, seconds: float) 
         f"{summary['data']['source']}: "
         + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in (summary["data"]["totals"] or {}).items()),
         "",
+    ]
+
+
+def write_report(out: Path, records: list[dict], summary: dict, seconds: float) -> Path:
+    report = out / "report"
+    report.mkdir(exist_ok=True)
+    losses = pretrain_loss_plot(records, report / "pretrain_losses.png")
+    curve = layer_score_plot(summary["finetune"], report / "layer_scores.png")
+    _copy_figures(out, report)
+
+    ft = summary["finetune"]
+    elue = summary["early_exit"]
+    lines = [
+        *_opening_lines(summary, seconds),
         "## 2. Pre-training (DeepSpeed, 2 processes, grouped exits, gradient equilibrium)",
         f"{summary['pretrain']['steps']} optimizer steps; preempted by SIGUSR1 after step "
         f"{summary['pretrain']['preempted_after_step']} (checkpoint, exit 75) and resumed from `latest`.",

@@ -228,6 +228,30 @@ class ElasticBertForSequenceClassification(ElasticBertPreTrainedModel):
             return F.cross_entropy(logits.view(-1, self.config.num_labels), labels.view(-1))
         return F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
 
+    def _early_exit_forward(
+        self,
+        setting: EarlyExitSetting,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        token_type_ids: torch.Tensor | None,
+        exit_layers: Sequence[int] | None,
+        position_ids: torch.Tensor | None,
+    ) -> MultiExitClassifierOutput:
+        """Each sample up to the exit the rule of `setting` picks (`run_batch`)."""
+        self._note_precision(setting)
+        result = run_batch(
+            self,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            rule_for(setting, self.config.num_labels, len(self.config.exit_layers)),
+            exit_layers,
+            position_ids,
+        )
+        return MultiExitClassifierOutput(  # batch-shaped fields only: pipelines split outputs into samples
+            logits=result.logits.to(input_ids.device), sample_exit_layers=result.exit_layers.to(input_ids.device)
+        )
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -249,18 +273,8 @@ class ElasticBertForSequenceClassification(ElasticBertPreTrainedModel):
         wants_hidden = self._wants_hidden_states(output_hidden_states, output_attentions)
         setting = self._early_exit_setting(early_exit, exit_layers, labels, wants_hidden)
         if setting is not None:
-            self._note_precision(setting)
-            result = run_batch(
-                self,
-                input_ids,
-                attention_mask,
-                token_type_ids,
-                rule_for(setting, self.config.num_labels, len(self.config.exit_layers)),
-                exit_layers,
-                position_ids,
-            )
-            output = MultiExitClassifierOutput(  # batch-shaped fields only: pipelines split outputs into samples
-                logits=result.logits.to(input_ids.device), sample_exit_layers=result.exit_layers.to(input_ids.device)
+            output = self._early_exit_forward(
+                setting, input_ids, attention_mask, token_type_ids, exit_layers, position_ids
             )
             return self._tuple_unless_dict(output, return_dict)
         exits = tuple(exit_layers) if exit_layers is not None else self.exit_layers

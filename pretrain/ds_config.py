@@ -15,7 +15,7 @@ from typing import Any
 
 from common.ds_config import AUTO, DsFill, load_ds_json
 
-from .config import ConfigError, RunConfig
+from .config import ConfigError, OptimConfig, RunConfig
 from .precision import DeviceCaps, apply_precision, choose_precision, precision_problems
 
 __all__ = ["AUTO", "BatchLayout", "batch_layout", "fill_ds_config", "load_ds_json"]
@@ -50,21 +50,8 @@ def batch_layout(cfg: RunConfig, world_size: int) -> BatchLayout:
     )
 
 
-def fill_ds_config(
-    raw: dict[str, Any], cfg: RunConfig, world_size: int, caps: DeviceCaps | None = None
-) -> tuple[dict[str, Any], BatchLayout]:
-    """Return a concrete DeepSpeed config (no "auto" left) and the batch layout it implies, for the device `caps`
-    (default: a CPU)."""
-    caps = caps or DeviceCaps.cpu()
-    device = caps.kind
-    layout = batch_layout(cfg, world_size)
-    fill = DsFill(raw)
-    ds, problems = fill.ds, fill.problems
-    o = cfg.optim
-    keys = ("train.global_batch_size", "train.micro_batch_size", "train.global_batch_size / (micro × world size)")
-    fill.batch(layout.global_batch, layout.micro_batch, layout.grad_accum, keys)
-    fill.fill(ds, "", "gradient_clipping", float(o.grad_clip), "optim.grad_clip")
-    fill.refuse_scheduler()
+def _fill_optimizer(fill: DsFill, o: OptimConfig, device: str) -> None:
+    """The optimizer section from `optim` (`o`): type, hyper-parameters, and which kernel runs the update."""
     params = fill.optimizer(
         OPTIMIZER_TYPES.get(o.name, o.name),
         {
@@ -85,7 +72,25 @@ def fill_ds_config(
     else:
         params.pop("torch_adam", None)
         if backend == "torch":
-            problems.append("optim.name=lamb has no torch implementation: set optim.backend=deepspeed (FusedLamb)")
+            fill.problems.append("optim.name=lamb has no torch implementation: set optim.backend=deepspeed (FusedLamb)")
+
+
+def fill_ds_config(
+    raw: dict[str, Any], cfg: RunConfig, world_size: int, caps: DeviceCaps | None = None
+) -> tuple[dict[str, Any], BatchLayout]:
+    """Return a concrete DeepSpeed config (no "auto" left) and the batch layout it implies, for the device `caps`
+    (default: a CPU)."""
+    caps = caps or DeviceCaps.cpu()
+    device = caps.kind
+    layout = batch_layout(cfg, world_size)
+    fill = DsFill(raw)
+    ds, problems = fill.ds, fill.problems
+    o = cfg.optim
+    keys = ("train.global_batch_size", "train.micro_batch_size", "train.global_batch_size / (micro × world size)")
+    fill.batch(layout.global_batch, layout.micro_batch, layout.grad_accum, keys)
+    fill.fill(ds, "", "gradient_clipping", float(o.grad_clip), "optim.grad_clip")
+    fill.refuse_scheduler()
+    _fill_optimizer(fill, o, device)
 
     zero = ds.setdefault("zero_optimization", {"stage": 0})
     if cfg.train.zero_stage is not None:

@@ -12,7 +12,7 @@ import socket
 import time
 from typing import Any
 
-# start-up phases in the order a rank passes them (trainer.py marks each)
+# start-up phases in the order a rank passes them (startup.py marks each)
 PHASES = ("process", "imported", "data_ready", "rendezvous", "model", "converted", "engine", "loaded")
 
 

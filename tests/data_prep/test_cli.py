@@ -185,6 +185,7 @@ def test_parser_follows_the_cli_convention():
 
 def test_stats_output_and_one_line_errors(small_prepared, tmp_path, capsys, monkeypatch):
     import data_prep.__main__ as M
+    import data_prep.cli as CLI  # where the commands live (M assembles them)
     from data_prep.errors import DataPrepError
 
     assert M.main(["stats", str(small_prepared), "--output", str(tmp_path / "p")]) == 0
@@ -194,14 +195,14 @@ def test_stats_output_and_one_line_errors(small_prepared, tmp_path, capsys, monk
     def multi_line(args):
         raise DataPrepError("first line\nsecond line")
 
-    monkeypatch.setattr(M, "_cmd_finalize", multi_line)
+    monkeypatch.setattr(CLI, "_cmd_finalize", multi_line)
     assert M.main(["finalize", str(tmp_path)]) == 2
     assert capsys.readouterr().err == "data_prep: error: first line second line\n"
 
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(M, "_cmd_finalize", interrupted)
+    monkeypatch.setattr(CLI, "_cmd_finalize", interrupted)
     assert M.main(["finalize", str(tmp_path)]) == 130
 
 

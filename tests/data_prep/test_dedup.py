@@ -27,7 +27,7 @@ import zstandard
 from requirements import GUTENBERG
 
 from data_prep.dedup import DedupConfig, DedupRun, dedup_corpus
-from data_prep.dedup_manifest import dedup_manifest_entry
+from data_prep.dedup.manifest import dedup_manifest_entry
 from data_prep.errors import DataPrepError
 
 BOOK_A, BOOK_B = "120-0.txt", "1155-0.txt"
@@ -322,7 +322,7 @@ def test_union_find_gives_each_component_its_smallest_id():
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    from data_prep.dedup_lsh import union_edges
+    from data_prep.dedup.lsh import union_edges
 
     rng = np.random.default_rng(0)
     n = 5000
@@ -341,8 +341,8 @@ def test_union_find_gives_each_component_its_smallest_id():
 def test_banding_finds_the_same_candidates_as_rensas_lsh(corpus):
     import rensa
 
-    from data_prep import dedup_text as T
-    from data_prep.dedup_lsh import group_edges
+    from data_prep.dedup import text as T
+    from data_prep.dedup.lsh import group_edges
 
     root, _ = corpus
     texts = [json.loads(line)["text"] for line in (root / "web.jsonl").read_text().splitlines()]
@@ -380,8 +380,8 @@ def _components(pairs, n):
 
 
 def test_eval_sets_text_columns_short_texts_and_bad_lines(tmp_path):
-    from data_prep import dedup_text as T
-    from data_prep.dedup_evalsets import CutRule, EvalTable, cut_document, load_eval_table
+    from data_prep.dedup import text as T
+    from data_prep.dedup.evalsets import CutRule, EvalTable, cut_document, load_eval_table
 
     d = tmp_path / "evals"
     (d / "task").mkdir(parents=True)
@@ -420,7 +420,7 @@ def test_tokenize_reads_the_dedup_output(reference, tmp_path, vocab):
 
 def test_lsh_key_ranges_find_the_same_clusters(corpus, reference, tmp_path, monkeypatch):
     """At 160 GB stage 2 cuts every band into key ranges (--lsh-memory); 8 ranges here must change nothing."""
-    from data_prep import dedup_lsh
+    from data_prep.dedup import lsh as dedup_lsh
 
     ref_out, ref = reference
     monkeypatch.setattr(dedup_lsh, "partition_bits", lambda entries, memory: 3)
@@ -436,7 +436,7 @@ def test_lsh_key_ranges_find_the_same_clusters(corpus, reference, tmp_path, monk
 def test_an_array_task_leaves_the_other_tasks_work_in_progress_alone(corpus, tmp_path):
     """Array tasks run at once on several nodes: a task clears the temporaries of its own units only (a task that
     cleared everyone's deleted a live unit of the other task: found by a run on the local Slurm cluster)."""
-    from data_prep.dedup_plan import make_dedup_plan, signature_settings, unit_keys
+    from data_prep.dedup.plan import make_dedup_plan, signature_settings, unit_keys
 
     root, _ = corpus
     out = tmp_path / "arr"

@@ -205,7 +205,7 @@ def test_a_stage_that_needs_every_unit_names_the_missing_ones():
     from pathlib import Path
     from types import SimpleNamespace
 
-    from data_prep.dedup_stages import every_unit, stage_result, task_units
+    from data_prep.dedup.stages import every_unit, stage_result, task_units
 
     ctx = SimpleNamespace(out=Path("/out"), plan={"units": list(range(25))})
     assert every_unit(ctx, [{"u": 0}, {"u": 1}], "are not written yet", "run it") == [{"u": 0}, {"u": 1}]

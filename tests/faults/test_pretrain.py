@@ -50,7 +50,7 @@ BOOTSTRAP = textwrap.dedent(
     args = sys.argv[sys.argv.index("--") + 1:]
     from deepspeed.runtime.engine import DeepSpeedEngine
     import pretrain.checkpointer as C
-    import pretrain.trainer as T
+    import pretrain.metrics as T
 
     def die():
         os.kill(os.getpid(), signal.SIGKILL)

@@ -24,13 +24,15 @@ import numpy as np
 from common.integrity import sha256_bytes, sha256_file
 from common.io import atomic_path, atomic_write_json, peek_object, temporary_sibling
 
-from . import dedup_text as T
-from . import sources as S
-from .dedup_evalsets import CutRule, EvalTable, cut_document, fingerprint
-from .dedup_lsh import Layout, build_layout, load_roots
-from .dedup_manifest import TEXT_DIR
-from .dedup_plan import DedupRun
-from .dedup_stages import (
+from .. import sources as S
+from ..errors import DataPrepError, with_path
+from ..util import CANONICAL, canonical_json
+from . import text as T
+from .evalsets import CutRule, EvalTable, cut_document, fingerprint
+from .lsh import Layout, build_layout, load_roots
+from .manifest import TEXT_DIR
+from .plan import DedupRun
+from .stages import (
     DedupContext,
     batches,
     finished_sig_units,
@@ -41,8 +43,6 @@ from .dedup_stages import (
     task_units,
     unit_documents,
 )
-from .errors import DataPrepError, with_path
-from .util import CANONICAL, canonical_json
 
 log = logging.getLogger("data_prep")
 

@@ -33,10 +33,10 @@ import numpy as np
 from common.integrity import sha256_file
 from common.io import atomic_path, atomic_write_json, peek_object
 
-from .dedup_plan import DedupRun
-from .dedup_stages import DedupContext, finished_sig_units, remove_temporaries, run_items, sig_arrays
-from .errors import DataPrepError
-from .util import CANONICAL
+from ..errors import DataPrepError
+from ..util import CANONICAL
+from .plan import DedupRun
+from .stages import DedupContext, finished_sig_units, remove_temporaries, run_items, sig_arrays
 
 log = logging.getLogger("data_prep")
 

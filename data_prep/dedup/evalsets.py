@@ -31,8 +31,8 @@ import numpy as np
 
 from common.integrity import sha256_file
 
-from . import dedup_text as T
-from .errors import DataPrepError
+from ..errors import DataPrepError
+from . import text as T
 
 EVAL_SUFFIXES = {".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".txt": "txt"}
 MIN_TEXT_WORDS = 3

@@ -10,13 +10,13 @@ Stages (each resumable, every output written atomically, nothing depending on th
 
 1. `signatures` (per work unit of `data_prep.plan`, parallel over workers and Slurm array tasks): for every
    document of at least `min_words` words, the exact hash of its normalised text and the LSH keys of the MinHash
-   signature of its word shingles (`data_prep.dedup_text`), sorted per band -> `.work/sig/<unit key>/`.
-2. `clusters` (one node; `data_prep.dedup_lsh`): per (band, key range) the documents with equal keys, as edges to
+   signature of its word shingles (`data_prep.dedup.text`), sorted per band -> `.work/sig/<unit key>/`.
+2. `clusters` (one node; `data_prep.dedup.lsh`): per (band, key range) the documents with equal keys, as edges to
    the group's smallest id; a union-find over all edges -> `roots.npy` (each document's keeper). Memory: 4-8 bytes
    per document for the union-find, plus one (band, key range) of 16 bytes per document at a time, the number of
    key ranges chosen from `--lsh-memory`.
 3. `write` (per unit, parallel): the documents read again, duplicates skipped, evaluation-set n-grams found and cut
-   or dropped (`data_prep.dedup_evalsets`) -> `text/<corpus>/part_<unit>.jsonl.zst` + a unit record.
+   or dropped (`data_prep.dedup.evalsets`) -> `text/<corpus>/part_<unit>.jsonl.zst` + a unit record.
 4. `report`: `dedup_report.json` + `dedup_report.md`, then `checksums.json` (sha256 of every output file, written
    last: its presence means the output is complete); `.work` is removed.
 
@@ -34,10 +34,12 @@ from typing import Any
 from common.outputs import DEDUP_OUTPUT as DEDUP_KIND
 from common.outputs import Output, check_output
 
-from . import dedup_lsh, dedup_report, dedup_stages, dedup_write
-from . import text_faults as TF
-from .dedup_evalsets import EvalTable, load_eval_table
-from .dedup_plan import (
+from .. import text_faults as TF
+from ..errors import DataPrepError, output_errors
+from ..plan import plan_hash
+from .evalsets import EvalTable, load_eval_table
+from .lsh import stage_clusters
+from .plan import (
     INPUT_SETTINGS,
     DedupConfig,
     DedupRun,
@@ -47,9 +49,9 @@ from .dedup_plan import (
     signature_settings,
     unit_keys,
 )
-from .dedup_stages import DedupContext
-from .errors import DataPrepError, output_errors
-from .plan import plan_hash
+from .report import stage_report
+from .stages import DedupContext, stage_signatures
+from .write import stage_write
 
 __all__ = ["DedupConfig", "DedupRun", "dedup_corpus"]
 
@@ -107,10 +109,10 @@ def run_stages(out: Path, plan: dict[str, Any], phash: str, table: EvalTable | N
     """Run the stage `run.stage` asks for (all four in turn for "all"); returns the last one's result."""
     ctx = DedupContext(out, plan, phash, unit_keys(plan, signature_settings(plan)), table)
     stages = {
-        "signatures": dedup_stages.stage_signatures,
-        "clusters": dedup_lsh.stage_clusters,
-        "write": dedup_write.stage_write,
-        "report": dedup_report.stage_report,
+        "signatures": stage_signatures,
+        "clusters": stage_clusters,
+        "write": stage_write,
+        "report": stage_report,
     }
     result: dict[str, Any] = {}
     for name in list(stages) if run.stage == "all" else [run.stage]:

@@ -27,13 +27,13 @@ import numpy as np
 from common.integrity import sha256_file
 from common.io import atomic_path, atomic_write_json, peek_object
 
-from . import dedup_text as T
-from . import sources as S
-from .dedup_evalsets import EvalTable
-from .dedup_plan import DedupRun
-from .errors import DataPrepError, with_path
-from .util import CANONICAL
-from .workers import _die_with_parent, _kill_workers, release_freed_memory
+from .. import sources as S
+from ..errors import DataPrepError, with_path
+from ..util import CANONICAL
+from ..workers import _die_with_parent, _kill_workers, release_freed_memory
+from . import text as T
+from .evalsets import EvalTable
+from .plan import DedupRun
 
 log = logging.getLogger("data_prep")
 

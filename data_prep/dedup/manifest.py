@@ -15,7 +15,7 @@ from typing import Any
 from common.integrity import CHECKSUMS, read_checksums, sha256_file
 from common.io import read_object
 
-from .errors import DataPrepError
+from ..errors import DataPrepError
 
 REPORT = "dedup_report.json"
 TEXT_DIR = "text"

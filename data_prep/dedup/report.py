@@ -3,7 +3,7 @@
 (`common.integrity`: sha256 of every text file and of both reports; written last, so its presence means the output
 is complete) and remove `.work`.
 
-What `tokenize` records of a dedup output it reads is in `data_prep.dedup_manifest`.
+What `tokenize` records of a dedup output it reads is in `data_prep.dedup.manifest`.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from typing import Any
 from common.integrity import hash_files, sha256_bytes, write_checksums
 from common.io import atomic_write_text, peek_object, read_object
 
-from . import text_faults as TF
-from .dedup_lsh import load_roots
-from .dedup_manifest import REPORT, TEXT_DIR
-from .dedup_plan import REPORT_MD, DedupRun, remove_work
-from .dedup_stages import DedupContext, every_unit
-from .dedup_text import candidate_probability
-from .dedup_write import load_write_record, write_dir, write_keys
-from .errors import DataPrepError
-from .util import canonical_json
+from .. import text_faults as TF
+from ..errors import DataPrepError
+from ..util import canonical_json
+from .lsh import load_roots
+from .manifest import REPORT, TEXT_DIR
+from .plan import REPORT_MD, DedupRun, remove_work
+from .stages import DedupContext, every_unit
+from .text import candidate_probability
+from .write import load_write_record, write_dir, write_keys
 
 EXAMPLES = 10
 COUNTS = (

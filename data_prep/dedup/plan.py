@@ -18,12 +18,12 @@ from common.config import literal_problems
 from common.integrity import read_checksums, sha256_bytes
 from common.io import atomic_write_json, read_object
 
-from . import sources as S
-from . import text_faults as TF
-from .dedup_manifest import REPORT
-from .errors import DataPrepError
-from .plan import build_plan, make_config, plan_difference, plan_hash
-from .util import CANONICAL, canonical_json
+from .. import sources as S
+from .. import text_faults as TF
+from ..errors import DataPrepError
+from ..plan import build_plan, make_config, plan_difference, plan_hash
+from ..util import CANONICAL, canonical_json
+from .manifest import REPORT
 
 log = logging.getLogger("data_prep")
 
@@ -31,7 +31,7 @@ DEDUP_FORMAT = 1
 REPORT_MD = "dedup_report.md"
 Stage = Literal["all", "signatures", "clusters", "write", "report"]
 Compression = Literal["zst", "none"]
-DecontaminateMode = Literal["cut", "drop", "report"]  # see data_prep.dedup_evalsets
+DecontaminateMode = Literal["cut", "drop", "report"]  # see data_prep.dedup.evalsets
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 SETTINGS_KEYS = ("config", "dedup", "corpora")
 INPUT_SETTINGS = ("doc_boundary", "strip_gutenberg", "on_decode_error", "text_field", "hf_split", "max_doc_bytes")
@@ -171,7 +171,7 @@ def make_dedup_plan(
     """The plan of `data_prep.plan` (sources + work units, independent of workers and tasks), with the corpora, the
     corpus of each source and the dedup settings."""
     try:
-        from .dedup_text import SIGNATURE_ALGORITHM
+        from .text import SIGNATURE_ALGORITHM
     except ImportError as e:  # rensa is in the train/dev extras
         raise DataPrepError(f"dedup needs the 'rensa' package ({e}): pip install rensa, or the [train] extra") from e
 
