@@ -16,7 +16,7 @@ from common.cli import add_command, add_output, add_switch, config_argument, giv
 from common.config import RENAMED_KEYS
 from common.preemption import Preempted
 
-from .config import (
+from ..config import (
     DEPRECATED_FLAGS,
     FinetuneConfig,
     flag,

@@ -18,8 +18,8 @@ from elasticbert import ElasticBertForSequenceClassification
 from elasticbert.early_exit import EarlyExitResult, ExitRule, exit_histogram, per_sample_flops, run_batch
 from elasticbert.flops import sample_flops
 
-from ..data import Batch, forward_in_order
-from ..model import exit_logits
+from ...data import Batch, forward_in_order
+from ...model import exit_logits
 
 
 def run_dataset(

@@ -27,7 +27,7 @@ from common.io import read_object
 from elasticbert.exit_setting import EarlyExitSetting, degenerate_problem
 from elasticbert.precision import PRECISIONS
 
-from ..tasks import DataError, get_task
+from ...tasks import DataError, get_task
 from .rules import PREDICT_STRATEGIES
 from .sweep import is_early_exit_result
 

@@ -22,10 +22,10 @@ import torch.nn.functional as F
 from elasticbert import ElasticBertForSequenceClassification
 from elasticbert.modeling import upcast
 
+from ..config import FinetuneConfig
+from ..model import exit_parameters, label_embeddings
 from .acl_grad import ExitTerms
-from .config import FinetuneConfig
 from .methods import Phase, exit_weights
-from .model import exit_parameters, label_embeddings
 
 ExitOutputs = dict[int, tuple[torch.Tensor, torch.Tensor]]  # layer -> (representation h^e, logits)
 

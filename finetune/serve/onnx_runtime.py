@@ -1,5 +1,5 @@
-"""Early exit on ONNX Runtime: the pieces `finetune export --layout onnx` writes (`finetune.onnx_export`), run by the
-one early-exit engine (`elasticbert.early_exit.run_batch`) through its `LayerRunner` interface.
+"""Early exit on ONNX Runtime: the pieces `finetune export --layout onnx` writes (`finetune.serve.onnx_export`), run by
+the one early-exit engine (`elasticbert.early_exit.run_batch`) through its `LayerRunner` interface.
 
 `OnnxLayers(directory, precision)` opens one ONNX Runtime session per piece (embeddings, each layer at `precision`,
 each exit head) and hands the engine torch tensors that share the sessions' numpy buffers (no copy): the rules, the

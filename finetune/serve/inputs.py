@@ -27,7 +27,7 @@ from typing import Any, BinaryIO, Literal
 
 from common.io import parse_object
 
-from .tasks import DataError
+from ..tasks import DataError
 
 InputFormat = Literal["auto", "txt", "jsonl", "tsv"]
 SUFFIXES = {".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl", ".tsv": "tsv"}

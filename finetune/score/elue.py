@@ -37,7 +37,7 @@ malformed JSON) or the key.
 This project ships no official ELUE baseline numbers: pass them as a file (``--baseline elasticbert_base.json``)
 with their source.
 
-Submission files (one directory per operating point, for the ELUE site) are written by `finetune.submission`.
+Submission files (one directory per operating point, for the ELUE site) are written by `finetune.score.submission`.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ import numpy as np
 from common.errors import ConfigError
 from common.io import read_object
 
-from .early_exit.sweep import is_early_exit_result
-from .tasks import DataError, get_task
+from ..serve.early_exit.sweep import is_early_exit_result
+from ..tasks import DataError, get_task
 
 OUT_OF_RANGE = ("clamp", "extrapolate", "drop", "error")
 

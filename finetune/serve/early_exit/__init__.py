@@ -12,8 +12,8 @@ fine-tuning adds:
 - `sweep.py`: operating points, the static curve, `SweepConfig`, `sweep`, the summary table, merging results;
 - `operating_point.py`: choosing one point of a result by a rule (`fastest-within=1.0`, `best`, `entropy=0.2`);
 - `cli.py`: the `early-exit` command.
-Plots are in `finetune.plots`, ELUE scoring in `finetune.elue`, submission files in `finetune.submission`,
-predictions on users' texts in `finetune.predict` (`EarlyExitClassifier`) and `finetune.predict_cli`.
+Plots are in `finetune.plots`, ELUE scoring in `finetune.score.elue`, submission files in `finetune.score.submission`,
+predictions on users' texts in `finetune.serve.predict` (`EarlyExitClassifier`) and `finetune.serve.cli`.
 """
 
 from elasticbert.early_exit import (

@@ -20,12 +20,12 @@ from common.outputs import RESULTS, Output, check_output
 from elasticbert import ElasticBertForSequenceClassification
 from elasticbert.precision import PRECISIONS, for_inference, precision_problem
 
-from ..data import EncodedSplit, load_tokenizer, subsample
-from ..model import check_max_length, load_finetuned, resolve_device
-from ..plots import plot_pareto
-from ..results import check_earlier_result, data_source, result_identity
-from ..task_check import check_task_fits
-from ..tasks import DataError, TaskSpec, get_task, load_split
+from ...data import EncodedSplit, load_tokenizer, subsample
+from ...model import check_max_length, load_finetuned, resolve_device
+from ...plots import plot_pareto
+from ...results import check_earlier_result, data_source, result_identity
+from ...task_check import check_task_fits
+from ...tasks import DataError, TaskSpec, get_task, load_split
 from .lte import LearnedExitHead, train_lte_head
 from .rules import STRATEGIES
 from .sweep import (

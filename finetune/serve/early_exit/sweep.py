@@ -22,8 +22,8 @@ from elasticbert.early_exit import ExitRule, make_rule
 from elasticbert.exit_setting import RULES, EarlyExitSetting, default_sweep, degenerate_problem, threshold_problem
 from elasticbert.precision import model_precision
 
-from ..data import Batch, EncodedSplit
-from ..tasks import TaskSpec
+from ...data import Batch, EncodedSplit
+from ...tasks import TaskSpec
 from .engine import EarlyExitResult, exit_histogram, per_sample_flops, run_dataset, run_full_model, static_flops
 from .lte import LearnedExitHead
 from .rules import STRATEGIES

@@ -19,8 +19,8 @@ import torch
 from common.ds_config import AUTO, DsFill
 from elasticbert import ElasticBertForSequenceClassification
 
-from .config import FinetuneConfig
-from .model import exit_parameters
+from ..config import FinetuneConfig
+from ..model import exit_parameters
 
 
 @dataclass(frozen=True)

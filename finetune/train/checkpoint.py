@@ -39,7 +39,7 @@ from common.io import atomic_path, atomic_write_json, atomic_write_text, read_ob
 from common.resume import changed_keys
 from common.run_dir import RunWriteError, describe_write_error
 
-from .config import FinetuneConfig
+from ..config import FinetuneConfig
 
 RESUME = "resume"
 LATEST = "latest"

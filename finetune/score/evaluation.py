@@ -16,13 +16,13 @@ from common.io import atomic_write_json, atomic_write_text, make_dirs, removed_o
 from common.outputs import RESULTS, Output, check_output
 from elasticbert import ElasticBertForSequenceClassification
 
-from .config import load_run_config
-from .data import EncodedSplit, forward_in_order, load_tokenizer, subsample
-from .model import check_max_length, exit_logits, load_finetuned, model_device, resolve_device
-from .plots import plot_layer_curve
-from .results import check_earlier_result, data_source, result_identity
-from .task_check import check_task_fits
-from .tasks import DataError, Example, MissingSplitError, TaskSpec, get_task, load_split, predictions_from_outputs
+from ..config import load_run_config
+from ..data import EncodedSplit, forward_in_order, load_tokenizer, subsample
+from ..model import check_max_length, exit_logits, load_finetuned, model_device, resolve_device
+from ..plots import plot_layer_curve
+from ..results import check_earlier_result, data_source, result_identity
+from ..task_check import check_task_fits
+from ..tasks import DataError, Example, MissingSplitError, TaskSpec, get_task, load_split, predictions_from_outputs
 
 EVALUATION = Output(
     "evaluate", "an evaluation (dev_scores.json, layer curves, predictions/)", folder=True, accepts=RESULTS

@@ -26,9 +26,9 @@ import torch
 from elasticbert.early_exit import per_sample_flops
 from elasticbert.exit_queues import EarlyExitResult, ExitQueues
 
-from .data import encode_examples
+from ..data import encode_examples
+from ..tasks import Example
 from .inputs import TextInput
-from .tasks import Example
 from .verdicts import Verdict, character_verdict
 
 

@@ -12,11 +12,11 @@ import torch
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
 
-from .data import EncodedSplit, forward_in_order, load_tokenizer, subsample
+from ..data import EncodedSplit, forward_in_order, load_tokenizer, subsample
+from ..model import check_max_length, label_embeddings, load_finetuned, model_device, resolve_device
+from ..task_check import check_task_fits
+from ..tasks import DataError, load_split
 from .evaluation import task_for
-from .model import check_max_length, label_embeddings, load_finetuned, model_device, resolve_device
-from .task_check import check_task_fits
-from .tasks import DataError, load_split
 
 
 @torch.inference_mode()

@@ -45,14 +45,14 @@ from elasticbert import ElasticBertForSequenceClassification
 from elasticbert.early_exit import make_rule
 from elasticbert.exit_setting import degenerate_problem
 
+from ..data import Batch, EncodedSplit, load_tokenizer
+from ..model import check_max_length, load_finetuned, resolve_device
+from ..serve.early_exit.engine import exit_histogram, per_sample_flops, run_dataset
+from ..serve.early_exit.lte import LearnedExitHead
+from ..serve.early_exit.sweep import is_early_exit_result
+from ..task_check import check_task_fits
+from ..tasks import DataError, TaskSpec, get_task, load_split
 from . import elue_modules
-from .data import Batch, EncodedSplit, load_tokenizer
-from .early_exit.engine import exit_histogram, per_sample_flops, run_dataset
-from .early_exit.lte import LearnedExitHead
-from .early_exit.sweep import is_early_exit_result
-from .model import check_max_length, load_finetuned, resolve_device
-from .task_check import check_task_fits
-from .tasks import DataError, TaskSpec, get_task, load_split
 
 SUBMISSION_OUTPUT = Output(
     "submission", "ELUE submission folders (<strategy>_<threshold>/)", folder=True, accepts=RESULTS
@@ -150,7 +150,7 @@ MODEL_CONFIG_KEYS = (
 
 
 def model_definition(config: object) -> str:
-    """The source of `finetune/elue_modules.py` with CONFIG set to `config`'s values: the submission's model.py."""
+    """The source of `elue_modules.py` with CONFIG set to `config`'s values: the submission's model.py."""
     values = {key: getattr(config, key) for key in MODEL_CONFIG_KEYS}
     values["exit_layers"] = [int(layer) for layer in values["exit_layers"]]
     source = Path(elue_modules.__file__).read_text(encoding="utf-8")

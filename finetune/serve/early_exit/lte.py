@@ -21,9 +21,9 @@ from torch import nn
 from common.io import atomic_path, make_dirs
 from elasticbert import ElasticBertForSequenceClassification
 
-from ..data import EncodedSplit, forward_in_order
-from ..model import exit_logits
-from ..tasks import DataError
+from ...data import EncodedSplit, forward_in_order
+from ...model import exit_logits
+from ...tasks import DataError
 
 THRESHOLD_QUANTILES = (0.05, 0.15, 0.3, 0.45, 0.6, 0.75, 0.9)  # of the head's predictions: its default sweep
 

@@ -43,6 +43,29 @@ from common.preemption import Preempted, PreemptionFlag
 from common.run_dir import RunWriteError
 from elasticbert import ElasticBertForSequenceClassification, LoadReport
 
+from ..config import DataConfig, FinetuneConfig, save_run_config
+from ..data import (
+    UNK_SAMPLE,
+    EncodedSplit,
+    check_vocabulary_fits,
+    iterate_batches,
+    load_tokenizer,
+    subsample,
+    unk_counts,
+    unk_refusal,
+)
+from ..model import (
+    backbone_modules,
+    build_model,
+    exit_modules,
+    freshly_initialised_exits,
+    model_device,
+    resolve_device,
+    set_frozen,
+)
+from ..plots import plot_layer_curve
+from ..score.evaluation import per_exit_scores, predict_exits
+from ..tasks import Example, TaskSpec, get_task, load_split
 from .acl_grad import AngleRecord, ExitTerms, gated_backward
 from .checkpoint import (
     Ranks,
@@ -58,33 +81,10 @@ from .checkpoint import (
     state_json,
     tag_for,
 )
-from .config import DataConfig, FinetuneConfig, save_run_config
-from .data import (
-    UNK_SAMPLE,
-    EncodedSplit,
-    check_vocabulary_fits,
-    iterate_batches,
-    load_tokenizer,
-    subsample,
-    unk_counts,
-    unk_refusal,
-)
-from .evaluation import per_exit_scores, predict_exits
 from .methods import Phase, build_optimizer, build_phases, linear_schedule
 from .methods import ds_config as finetune_ds_config
-from .model import (
-    backbone_modules,
-    build_model,
-    exit_modules,
-    freshly_initialised_exits,
-    model_device,
-    resolve_device,
-    set_frozen,
-)
 from .objectives import ExitOutputs, exit_terms
-from .plots import plot_layer_curve
 from .run_dir import check_run_dir, claim_run_dir
-from .tasks import Example, TaskSpec, get_task, load_split
 
 
 def set_seed(seed: int) -> None:

@@ -22,9 +22,10 @@ external data both first steps read).
       onnx/step_{i}.onnx, onnx/step_{i}.int8.onnx, onnx/word_embeddings.bin
       checksums.json       every file's sha256 (`common.integrity.seal`)
 
-`finetune.onnx_runtime.OnnxLayers` serves it (`EarlyExitClassifier.from_pretrained(OUTPUT, runtime="onnxruntime")`,
-`predict --runtime onnxruntime`) and refuses a format-1 export, naming the command that re-exports it. Exporting
-needs `torch`, `onnx` and `onnxruntime` (the `export` extra); serving needs `onnxruntime` (the `serve` extra).
+`finetune.serve.onnx_runtime.OnnxLayers` serves it (`EarlyExitClassifier.from_pretrained(OUTPUT,
+runtime="onnxruntime")`, `predict --runtime onnxruntime`) and refuses a format-1 export, naming the command that
+re-exports it. Exporting needs `torch`, `onnx` and `onnxruntime` (the `export` extra); serving needs `onnxruntime` (the
+`serve` extra).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from elasticbert.exit_setting import EarlyExitSetting
 from elasticbert.fnlp_export import copy_tokenizer_files
 from elasticbert.loading import read_config
 
-from .model import load_finetuned
+from ..model import load_finetuned
 from .onnx_graphs import exit_on_rows, externalize, join, rename_output
 
 ONNX_DIR = "onnx"

@@ -1,20 +1,6 @@
-"""`python -m finetune predict` (classify texts with early exiting) and `save-early-exit` (store an operating point in
-a model's config, for `transformers.pipeline`).
-
-predict reads a file (txt, JSONL or TSV; see `inputs.py`) or stdin and writes one JSON line per input, in input
-order: `label`, `probabilities`, `exit_layer`, `flops`, `tokens` (see `predict.py`); an input the model cannot read
-(nothing visible, punctuation only, or mostly characters its vocabulary does not know: `verdicts.py`) gets `flag`
-and `reason` instead, the summary names such inputs (FILE:LINE), and a run in which no input was readable exits 2.
-Both run through one `PredictionStream` (`predict_stream.py`): one queue per layer, every layer call a full batch of
-`--batch-size` rows of whatever inputs reached that layer. A file is read and checked whole, then submitted
-`CHUNK` inputs at a time (each chunk length-sorted) with a progress bar, and flushed at its end; stdin is streamed:
-lines are submitted as they arrive, the engine is flushed whenever no further line is waiting (an interactive user
-gets each answer at once, a fast pipe keeps the batches full), and answers are written (and flushed) as soon as they
-and every earlier one are ready. `--max-wait S` bounds how long a row waits in a layer queue for its batch to fill.
-`--output FILE` is written atomically (nothing is left on an error); it is never a folder, the model or an input, nor
-inside one, and it replaces an existing file only with `--overwrite` and only when that file is predictions `predict`
-wrote (`common.outputs`).
-A summary (inputs/s, exit histogram, mean FLOPs against the full model's) goes to stderr.
+"""The serving commands of `python -m finetune`: `predict` and `save-early-exit` (early-exit classification of
+users' texts, `predict.py`) and `export` (a fine-tuned model in another layout: the official one, or ONNX pieces
+`onnx_export.py` writes for `onnx_runtime.py`). Early exit's own command, `early-exit`, is `early_exit/cli.py`.
 """
 
 from __future__ import annotations
@@ -34,25 +20,52 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from common.cli import add_command, add_device, add_output, add_threads, config_argument
+from common.cli import add_command, add_device, add_output, add_switch, add_threads, config_argument
 from common.errors import ConfigError
+from common.hub import resolve_pretrained
 from common.io import atomic_path, make_dirs, removed_on_failure, write_all
 from common.outputs import Output, check_output, first_json_line_has
 from common.vocab import DEFAULT_MAX_UNK_FRACTION
 from elasticbert import ElasticBertConfig, save_early_exit
 from elasticbert.flops import sample_flops
+from elasticbert.fnlp_export import export_fnlp
+from elasticbert.loading import read_config
 from elasticbert.precision import Precision
 
+from ..model import resolve_device
+from ..task_check import check_measured_task
+from ..tasks import DataError
 from .early_exit.operating_point import chosen_setting, run_precision, split_spec
 from .early_exit.rules import PREDICT_STRATEGIES
 from .inputs import STDIN, InputFormat, LineParser, TextInput, arriving_batches, read_inputs, resolve_format
-from .model import resolve_device
+from .onnx_export import export_onnx
 from .onnx_runtime import RUNTIMES
-from .predict import EarlyExitClassifier
+from .predict import EarlyExitClassifier, trained_max_length
 from .predict_stream import PredictionStream
-from .task_check import check_measured_task
-from .tasks import DataError
 from .verdicts import DEFAULT_MIN_READABLE_SHARE
+
+# -------------------------------------------------------------------------------------- predict, save-early-exit
+
+PREDICT_DESCRIPTION = """\
+`python -m finetune predict` (classify texts with early exiting) and `save-early-exit` (store an operating point in
+a model's config, for `transformers.pipeline`).
+
+predict reads a file (txt, JSONL or TSV; see `inputs.py`) or stdin and writes one JSON line per input, in input
+order: `label`, `probabilities`, `exit_layer`, `flops`, `tokens` (see `predict.py`); an input the model cannot read
+(nothing visible, punctuation only, or mostly characters its vocabulary does not know: `verdicts.py`) gets `flag`
+and `reason` instead, the summary names such inputs (FILE:LINE), and a run in which no input was readable exits 2.
+Both run through one `PredictionStream` (`predict_stream.py`): one queue per layer, every layer call a full batch of
+`--batch-size` rows of whatever inputs reached that layer. A file is read and checked whole, then submitted
+`CHUNK` inputs at a time (each chunk length-sorted) with a progress bar, and flushed at its end; stdin is streamed:
+lines are submitted as they arrive, the engine is flushed whenever no further line is waiting (an interactive user
+gets each answer at once, a fast pipe keeps the batches full), and answers are written (and flushed) as soon as they
+and every earlier one are ready. `--max-wait S` bounds how long a row waits in a layer queue for its batch to fill.
+`--output FILE` is written atomically (nothing is left on an error); it is never a folder, the model or an input, nor
+inside one, and it replaces an existing file only with `--overwrite` and only when that file is predictions `predict`
+wrote (`common.outputs`).
+A summary (inputs/s, exit histogram, mean FLOPs against the full model's) goes to stderr.
+"""
+
 
 PREDICTIONS = Output(
     "predict", "a JSONL file of predictions", own=lambda path: first_json_line_has(path, ("label", "value", "flag"))
@@ -84,7 +97,7 @@ class PredictConfig:
     max_wait: float | None = None
 
 
-EPILOG = """examples:
+PREDICT_EPILOG = """examples:
   python -m finetune predict --model runs/sst2/best --strategy entropy --threshold 0.2 --input reviews.txt \\
       --output predictions.jsonl
   python -m finetune predict --model runs/sst2/best \\
@@ -106,8 +119,10 @@ SAVE_EARLY_EXIT_DESCRIPTION = (
 )
 
 
-def add_subparser(subparsers: argparse._SubParsersAction) -> None:
-    p = add_command(subparsers, "predict", main, PREDICT_HELP, description=__doc__, epilog=EPILOG)
+def _add_predict(subparsers: argparse._SubParsersAction) -> None:
+    p = add_command(
+        subparsers, "predict", predict_main, PREDICT_HELP, description=PREDICT_DESCRIPTION, epilog=PREDICT_EPILOG
+    )
     p.add_argument("--model", required=True, help="fine-tuned model directory (RUN/best) or hub name")
     option = partial(config_argument, p, PredictConfig)
     option("input", help="txt, JSONL or TSV file, or - for stdin (streamed)")
@@ -249,7 +264,7 @@ class Tally:
         )
 
 
-def main(args: argparse.Namespace) -> int:
+def predict_main(args: argparse.Namespace) -> int:
     """`python -m finetune predict ...`"""
     problems = option_problems(args)
     if problems:
@@ -398,3 +413,99 @@ def save_main(args: argparse.Namespace) -> int:
     setting = save_early_exit(args.model, replace(setting, precision=precision))
     print(f"{Path(args.model) / 'config.json'}: early_exit = {json.dumps(setting)}")
     return 0
+
+
+# -------------------------------------------------------------------------------------------------------- export
+
+EXPORT_DESCRIPTION = """\
+`python -m finetune export`: a fine-tuned model (RUN/best, or any model directory we saved) in another checkpoint
+layout.
+
+`--layout fnlp`: the released ElasticBERT layout, for the official fine-tuning and inference code (fastnlp/ElasticBERT
+on transformers 4.x). A model with one linear exit becomes its static ElasticBertForSequenceClassification
+(`classifier`, num_output_layers 1, num_hidden_layers = the exit's layer); one with a linear exit on every layer
+from 1 up its dynamic (entropy / patience) one (`classifiers.{i}`, num_output_layers = num_hidden_layers). Other
+exit sets and MHA exits are refused, saying why. Weights are written twice, `pytorch_model.bin` (what that code's
+transformers reads) and `model.safetensors`; config.json carries the official fields; the tokenizer files are
+copied. The directory is written beside OUTPUT and renamed when complete. See `elasticbert.fnlp_export`.
+
+`--layout onnx` (or `--format onnx`): the model as ONNX pieces early exit can stop between — one per layer, its exit
+head fused in and the embeddings ahead of the first (fp32 and int8: per-channel weights, one activation scale per
+token) — with its tokenizer, its saved early-exit setting
+(`save-early-exit` first) and checksums, one directory to copy to a server; `predict --runtime onnxruntime` and
+`EarlyExitClassifier.from_pretrained(DIR, runtime="onnxruntime")` serve it with the same engine and rules. Needs
+`pip install '.[export]'` (onnx, onnxruntime). See `finetune.serve.onnx_export`.
+"""
+
+
+def check_max_length_of_config(directory: Path, max_length: int) -> None:
+    """`--max-length` within what the model embeds (1..max_position_embeddings), before any export work."""
+    config = read_config(directory)
+    limit = int(config.get("max_sequence_length") or config.get("max_position_embeddings") or 512)
+    if not 1 <= max_length <= limit:
+        raise ConfigError(f"--max-length {max_length}: {directory} embeds 1..{limit} positions")
+
+
+EXPORT_EPILOG = """examples:
+  python -m finetune export --model runs/sst2/best --output exports/sst2_fnlp --layout fnlp
+  python -m finetune save-early-exit --model runs/sst2/best --operating-point runs/ee/early_exit_SST-2_dev_bs32.json
+  python -m finetune export --model runs/sst2/best --output exports/sst2_onnx --format onnx
+  python -m finetune predict --model exports/sst2_onnx --runtime onnxruntime --input reviews.txt
+"""
+
+
+EXPORT_HELP = (
+    "write a fine-tuned model in the official ElasticBERT layout (--layout fnlp) or as ONNX pieces for early exit "
+    "on ONNX Runtime (--layout onnx)"
+)
+
+
+def _add_export(subparsers: argparse._SubParsersAction) -> None:
+    p = add_command(
+        subparsers, "export", export_main, EXPORT_HELP, description=EXPORT_DESCRIPTION, epilog=EXPORT_EPILOG
+    )
+    p.add_argument("--model", required=True, help="fine-tuned model directory (RUN/best) or hub name")
+    add_output(p, "the directory to write (whole, or nothing on an error)", metavar="DIR")
+    p.add_argument(
+        "--layout",
+        "--format",
+        dest="layout",
+        choices=("fnlp", "onnx"),
+        default="fnlp",
+        help="fnlp: the official ElasticBERT code's layout (our own is what train already writes); onnx: ONNX "
+        "pieces (embeddings, layers fp32+int8, exits) for `predict --runtime onnxruntime` (default: fnlp)",
+    )
+    p.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        metavar="N",
+        help="onnx: the tokens per input its predictions use (default: the training run's, else 128)",
+    )
+    add_switch(p, "--overwrite", False, "replace an existing non-empty --output")
+
+
+def export_main(args: argparse.Namespace) -> int:
+    """`python -m finetune export ...`"""
+    if args.layout == "onnx":
+        directory = resolve_pretrained(args.model, what="--model")
+        max_length = args.max_length or trained_max_length(Path(directory))
+        check_max_length_of_config(directory, max_length)
+        manifest = export_onnx(directory, args.output, max_length=max_length, overwrite=args.overwrite)
+        steps = manifest["pieces"]["steps"]["fp32"]
+        print(
+            f"exported {args.model} -> {args.output} (ONNX: {len(steps)} steps - layer, its exit, the embeddings "
+            f"ahead of the first - in fp32 and int8, exits {manifest['exit_layers']}, max_length {max_length})"
+        )
+        return 0
+    if args.max_length is not None:
+        raise ConfigError("--max-length is an option of --layout onnx")
+    layout = export_fnlp(args.model, args.output, overwrite=args.overwrite)
+    print(f"exported {args.model} -> {args.output} ({layout.describe()})")
+    return 0
+
+
+def add_subparser(subparsers: argparse._SubParsersAction) -> None:
+    """Register this package's commands on the `python -m finetune` command line."""
+    _add_predict(subparsers)
+    _add_export(subparsers)

@@ -1,7 +1,7 @@
 """Predictions with early exiting from Python: a fine-tuned multi-exit model plus an exit rule.
 
 ```python
-from finetune.predict import EarlyExitClassifier
+from finetune.serve.predict import EarlyExitClassifier
 
 classifier = EarlyExitClassifier.from_pretrained("runs/sst2/best", strategy="entropy", threshold=0.5545)
 classifier.predict(["it 's a charming and often affecting journey . "])  # a pair: ("premise", "hypothesis")
@@ -48,16 +48,16 @@ from elasticbert.early_exit import EarlyExitResult, ExitRule, LayerRunner, rule_
 from elasticbert.loading import read_config
 from elasticbert.precision import for_inference, precision_problem
 
-from .config import load_run_config
-from .data import UNK_MIN_TOKENS, check_vocabulary_fits, load_tokenizer, text_id_table, unk_counts, unk_refusal
+from ..config import load_run_config
+from ..data import UNK_MIN_TOKENS, check_vocabulary_fits, load_tokenizer, text_id_table, unk_counts, unk_refusal
+from ..model import check_max_length, load_finetuned, model_device, resolve_device
+from ..task_check import check_measured_task, check_task_fits, model_task
+from ..tasks import DataError, TaskSpec
 from .early_exit.lte import LearnedExitHead
 from .early_exit.operating_point import OperatingPoint, chosen_setting, run_precision
 from .inputs import TextInput
-from .model import check_max_length, load_finetuned, model_device, resolve_device
 from .onnx_runtime import RUNTIMES, OnnxLayers, read_manifest
 from .predict_stream import PredictionStream
-from .task_check import check_measured_task, check_task_fits, model_task
-from .tasks import DataError, TaskSpec
 from .verdicts import DEFAULT_MIN_READABLE_SHARE, VocabularyJudge
 
 Input = str | tuple[str, str] | list[str] | TextInput

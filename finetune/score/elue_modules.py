@@ -1,6 +1,6 @@
 """ElasticBERT's modules under the names of an ELUE activation trace (`emb`, `layer_i`, `exit_i`).
 
-This file is written, with CONFIG filled in, as the `model.py` of every ELUE submission (`finetune.submission`):
+This file is written, with CONFIG filled in, as the `model.py` of every ELUE submission (`finetune.score.submission`):
 ELUE computes each test sample's FLOPs by running the modules its trace names on inputs of the traced shapes. It
 depends on torch only, so that it runs outside this project. The arithmetic is the one `elasticbert.modeling` runs
 (post-LN layers; a linear exit = the layer's pooler on [CLS] + a classifier; an MHA exit = a projection to d_e, one
