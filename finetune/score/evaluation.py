@@ -124,19 +124,8 @@ def evaluate_model(
     """
     check_counts(batch_size=batch_size, max_examples=max_examples)
     check_output(output, EVALUATION, [("--model", model_dir), ("--data-dir", data_dir)], overwrite)
-    place = resolve_device(device)
-    model_dir = resolve_pretrained(model_dir, what="--model")
-    model = load_finetuned(model_dir, purpose="scoring them").to(place)
-    if max_length is None:
-        run_config = model_dir.parent / "run_config.json"
-        max_length = load_run_config(run_config).data.max_length if run_config.is_file() else 128
-    check_max_length(model, max_length, model_dir)
-    task = task_for(model, task_name)
-    if note := check_task_fits(model.config, task, model_dir):
-        print(f"finetune: note: {note}", file=sys.stderr, flush=True)
-    exit_layer = predict_exit or model.exit_layers[-1]
-    if exit_layer not in model.exit_layers:
-        raise DataError(f"--predict-exit {exit_layer}: the model's exits are {list(model.exit_layers)}")
+    model_dir, model, max_length = _load_for_scoring(model_dir, device, max_length)
+    task, exit_layer = _task_and_exit(model, model_dir, task_name, predict_exit)
     out_dir = Path(output)
     settings = dict(split=split, data_dir=data_source(data_dir), max_examples=max_examples, max_length=max_length)
     identity = result_identity(model_dir, task=task.name, **settings)
@@ -160,21 +149,43 @@ def evaluate_model(
                 model, tokenizer, spec, data_dir, out_dir, split, max_examples, batch_size, max_length, len(specs) > 1
             )
             if test:
+                predictions = out_dir / "predictions"
                 result["tasks"][spec.name]["test"] = _test_predictions(
-                    model,
-                    tokenizer,
-                    spec,
-                    data_dir,
-                    out_dir / "predictions",
-                    exit_layer,
-                    all_exits,
-                    batch_size,
-                    max_length,
+                    model, tokenizer, spec, data_dir, predictions, exit_layer, all_exits, batch_size, max_length
                 )
         if overwrite:  # the earlier evaluation's prediction files that this one did not write
             _remove_other_predictions(out_dir / "predictions", result)
         atomic_write_json(out_dir / "dev_scores.json", result)
     return result
+
+
+def _load_for_scoring(
+    model_dir: str | Path, device: str, max_length: int | None
+) -> tuple[Path, ElasticBertForSequenceClassification, int]:
+    """(the model's directory, the model on its device, the tokens per input: the training run's by default, from
+    RUN/run_config.json beside RUN/best, else 128), checked against what the model embeds."""
+    place = resolve_device(device)
+    model_dir = resolve_pretrained(model_dir, what="--model")
+    model = load_finetuned(model_dir, purpose="scoring them").to(place)
+    if max_length is None:
+        run_config = model_dir.parent / "run_config.json"
+        max_length = load_run_config(run_config).data.max_length if run_config.is_file() else 128
+    check_max_length(model, max_length, model_dir)
+    return model_dir, model, max_length
+
+
+def _task_and_exit(
+    model: ElasticBertForSequenceClassification, model_dir: Path, task_name: str | None, predict_exit: int | None
+) -> tuple[TaskSpec, int]:
+    """The task to score (the model's own by default; a mismatch with its head refused or noted) and the exit whose
+    predictions go into the submission files (default: the last)."""
+    task = task_for(model, task_name)
+    if note := check_task_fits(model.config, task, model_dir):
+        print(f"finetune: note: {note}", file=sys.stderr, flush=True)
+    exit_layer = predict_exit or model.exit_layers[-1]
+    if exit_layer not in model.exit_layers:
+        raise DataError(f"--predict-exit {exit_layer}: the model's exits are {list(model.exit_layers)}")
+    return task, exit_layer
 
 
 def _evaluate_task(

@@ -38,9 +38,10 @@ from ..tasks import DataError
 from .early_exit.operating_point import chosen_setting, run_precision, split_spec
 from .early_exit.rules import PREDICT_STRATEGIES
 from .inputs import STDIN, InputFormat, LineParser, TextInput, arriving_batches, read_inputs, resolve_format
+from .loading import trained_max_length
 from .onnx_export import export_onnx
 from .onnx_runtime import RUNTIMES
-from .predict import EarlyExitClassifier, trained_max_length
+from .predict import EarlyExitClassifier
 from .predict_stream import PredictionStream
 from .verdicts import DEFAULT_MIN_READABLE_SHARE
 

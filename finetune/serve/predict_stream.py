@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from elasticbert.early_exit import per_sample_flops
@@ -28,6 +29,7 @@ from elasticbert.exit_queues import EarlyExitResult, ExitQueues
 
 from ..data import encode_examples
 from ..tasks import Example
+from .input_checks import check_kinds
 from .inputs import TextInput
 from .verdicts import Verdict, character_verdict
 
@@ -46,7 +48,7 @@ class PredictionStream:
 
     def submit(self, inputs: Sequence[TextInput]) -> None:
         """Judge, tokenise and queue `inputs` (after those submitted before); runs the full batches."""
-        self.classifier.check_kinds(inputs)
+        check_kinds(inputs, self.classifier.task)
         start, self.submitted = self.submitted, self.submitted + len(inputs)
         singles, pairs = [], []
         for position, item in enumerate(inputs, start):
@@ -98,8 +100,9 @@ class PredictionStream:
         )
         ids = encoded["input_ids"]
         keep = list(range(len(positions)))
-        for row in classifier.judge.suspects(ids):
-            if verdict := judged(items[row], classifier.judge.verdict):
+        judge = classifier.checks.judge
+        for row in judge.suspects(ids):
+            if verdict := judged(items[row], judge.verdict):
                 self._answer(positions[row], verdict)
                 keep.remove(row)
         if not keep:
@@ -107,7 +110,7 @@ class PredictionStream:
         rows = torch.tensor(keep) if len(keep) < len(positions) else None
         tensors = [encoded[key] if rows is None else encoded[key][rows] for key in ("input_ids", "attention_mask")]
         types = encoded["token_type_ids"] if rows is None else encoded["token_type_ids"][rows]
-        classifier.check_unk(tensors[0])
+        classifier.checks.check_unk(tensors[0])
         lengths = tensors[1].sum(1)
         order = torch.argsort(lengths, descending=True, stable=True) if len(keep) > 1 else None
         if order is not None:
@@ -125,7 +128,8 @@ class PredictionStream:
         flops, _ = per_sample_flops(classifier.config, result, classifier.rule.head_width, classifier.flops_memo)
         for row, slot in enumerate(done.slots.tolist()):
             position = self.position_of.pop(slot)
-            self.finished[position] = classifier.record(result, row, float(flops[row]), self.inputs[position].id)
+            ident = self.inputs[position].id
+            self.finished[position] = prediction_record(classifier.config, result, row, float(flops[row]), ident)
 
 
 def judged(item: TextInput, judge: Callable[[str, str], Verdict | None]) -> Verdict | None:
@@ -133,3 +137,23 @@ def judged(item: TextInput, judge: Callable[[str, str], Verdict | None]) -> Verd
     if item.text_b is None:
         return judge(item.text_a, "")
     return judge(item.text_a, "the first text: ") or judge(item.text_b, "the second text: ")
+
+
+def prediction_record(config: Any, result: EarlyExitResult, row: int, flops: float, ident: object) -> dict:
+    """The prediction record of `result`'s row `row` (`predict.py`'s module docstring) for a model of `config`."""
+    logits = result.logits[row]
+    if config.num_labels == 1:
+        record: dict = {"value": float(logits[0])}
+    else:
+        names = config.id2label
+        scores = logits.numpy().astype(np.float64)
+        probabilities = np.exp(scores - scores.max())
+        probabilities = (probabilities / probabilities.sum()).tolist()
+        record = {
+            "label": names[int(scores.argmax())],
+            "probabilities": {names[k]: p for k, p in enumerate(probabilities)},
+        }
+    record.update(exit_layer=int(result.exit_layers[row]), flops=round(flops), tokens=int(result.lengths[row]))
+    if ident is not None:
+        record = {"id": ident, **record}
+    return record

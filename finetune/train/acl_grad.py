@@ -112,26 +112,10 @@ def gated_backward(
 
     task_total = sum(t.weight * t.task for t in terms)
     con_total = sum(t.weight * t.contrastive for t in with_con)
-    if scope == "all":
-        tensors = [p for p in trainable if p.requires_grad]
-        groups = {0: list(range(len(tensors)))}
-    else:
-        tensors, groups = [], {}
-        for t in with_con:
-            own = [t.rep] if scope == "representation" else [p for p in t.tensors if p.requires_grad]
-            groups[t.layer] = list(range(len(tensors), len(tensors) + len(own)))
-            tensors.extend(own)
+    tensors, groups = _gradient_groups(with_con, scope, trainable)
     g_task = torch.autograd.grad(task_total, tensors, retain_graph=True, allow_unused=True)
     g_con = torch.autograd.grad(con_total, tensors, retain_graph=True, allow_unused=True)
-
-    per_exit: dict[int, float | None] = {}
-    totals = [0.0, 0.0, 0.0]
-    for layer, idx in groups.items():
-        dot, na, nb = _pieces([g_task[i] for i in idx], [g_con[i] for i in idx])
-        totals = [totals[0] + dot, totals[1] + na, totals[2] + nb]
-        if scope != "all":
-            per_exit[layer] = angle_from(dot, na, nb)
-    angle = angle_from(*totals)
+    angle, per_exit = _angles(g_task, g_con, groups, per_exit=scope != "all")
 
     dropped: list[int] = []
     if enabled:
@@ -143,13 +127,55 @@ def gated_backward(
 
     loss = combine(terms, lam, dropped)
     if scope == "all" and assign_grads:
-        keep = not dropped
-        for p, gt, gc in zip(tensors, g_task, g_con):
-            g = None if gt is None else (1.0 - lam) * gt
-            if keep and gc is not None:
-                g = lam * gc if g is None else g + lam * gc
-            if g is not None:
-                p.grad = g if p.grad is None else p.grad + g
+        _assign_grads(tensors, g_task, g_con, lam, keep=not dropped)
     else:
         backward(loss)
     return loss.detach(), record
+
+
+def _gradient_groups(
+    with_con: Sequence[ExitTerms], scope: str, trainable: Sequence[torch.nn.Parameter]
+) -> tuple[list[torch.Tensor], dict[int, list[int]]]:
+    """The tensors the two gradients are taken on, and which of them belong to each exit (one group for "all")."""
+    if scope == "all":
+        tensors = [p for p in trainable if p.requires_grad]
+        return tensors, {0: list(range(len(tensors)))}
+    tensors, groups = [], {}
+    for t in with_con:
+        own = [t.rep] if scope == "representation" else [p for p in t.tensors if p.requires_grad]
+        groups[t.layer] = list(range(len(tensors), len(tensors) + len(own)))
+        tensors.extend(own)
+    return tensors, groups
+
+
+def _angles(
+    g_task: Sequence[torch.Tensor | None],
+    g_con: Sequence[torch.Tensor | None],
+    groups: dict[int, list[int]],
+    per_exit: bool,
+) -> tuple[float | None, dict[int, float | None]]:
+    """The angle between the two gradients over all groups, and (`per_exit`) each exit's own."""
+    angles: dict[int, float | None] = {}
+    totals = [0.0, 0.0, 0.0]
+    for layer, idx in groups.items():
+        dot, na, nb = _pieces([g_task[i] for i in idx], [g_con[i] for i in idx])
+        totals = [totals[0] + dot, totals[1] + na, totals[2] + nb]
+        if per_exit:
+            angles[layer] = angle_from(dot, na, nb)
+    return angle_from(*totals), angles
+
+
+def _assign_grads(
+    tensors: Sequence[torch.Tensor],
+    g_task: Sequence[torch.Tensor | None],
+    g_con: Sequence[torch.Tensor | None],
+    lam: float,
+    keep: bool,
+) -> None:
+    """Scope "all": `.grad` += (1-λ)·task gradient (+ λ·contrastive gradient when the batch is kept)."""
+    for p, gt, gc in zip(tensors, g_task, g_con):
+        g = None if gt is None else (1.0 - lam) * gt
+        if keep and gc is not None:
+            g = lam * gc if g is None else g + lam * gc
+        if g is not None:
+            p.grad = g if p.grad is None else p.grad + g

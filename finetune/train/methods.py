@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from common.ds_config import AUTO, DsFill
+from common.dist import resolve_env
+from common.ds_config import AUTO, DsFill, load_ds_json
 from elasticbert import ElasticBertForSequenceClassification
 
 from ..config import FinetuneConfig
@@ -152,3 +153,17 @@ def ds_config(raw: dict[str, Any], cfg: FinetuneConfig, world_size: int) -> dict
             fill.ds[section]["enabled"] = False
     fill.ds.setdefault("steps_per_print", 10**9)
     return fill.done()
+
+
+def deepspeed_engine(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: object, cfg: FinetuneConfig
+) -> tuple:
+    """Wrap model/optimizer/schedule in a DeepSpeed engine (single process needs no launcher)."""
+    import deepspeed
+
+    env = resolve_env()  # exports RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT (rank 0 of 1 without a launcher)
+    config = ds_config(load_ds_json(cfg.train.ds_config), cfg, env.world_size)
+    engine, optimizer, _, scheduler = deepspeed.initialize(
+        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config
+    )
+    return engine, optimizer, scheduler

@@ -15,15 +15,18 @@ Preemption (`common.preemption`): SIGTERM / SIGUSR1 set a flag; before each opti
 a signalled run saves a resume checkpoint (checkpoint.py: weights, optimizer, schedule, random states, dev history,
 the phase's best) and exits 75; the same command resumes it and ends with the same weights and scores, bit for bit.
 A signal after the last step lets the run finish writing its results instead (less work than a checkpoint): exit 0.
+
+`Trainer` is the loop, read top-down; the components it calls live beside it: phases.py (a phase's length, batches
+and frozen modules), dev_eval.py (dev bookkeeping: best, history, early stopping), metrics.py (TensorBoard, ACL
+angles), resume.py (when to save and where a resumed run continues; the files: checkpoint.py) and run_dir.py.
 """
 
 from __future__ import annotations
 
-import math
 import random
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,34 +42,17 @@ from common.errors import ConfigError
 from common.hub import resolve_pretrained
 from common.integrity import seal
 from common.io import atomic_path, atomic_write_json
-from common.preemption import Preempted, PreemptionFlag
+from common.preemption import PreemptionFlag
 from common.run_dir import RunWriteError
 from elasticbert import ElasticBertForSequenceClassification, LoadReport
 
 from ..config import DataConfig, FinetuneConfig, save_run_config
-from ..data import (
-    UNK_SAMPLE,
-    EncodedSplit,
-    check_vocabulary_fits,
-    iterate_batches,
-    load_tokenizer,
-    subsample,
-    unk_counts,
-    unk_refusal,
-)
-from ..model import (
-    backbone_modules,
-    build_model,
-    exit_modules,
-    freshly_initialised_exits,
-    model_device,
-    resolve_device,
-    set_frozen,
-)
+from ..data import UNK_SAMPLE, EncodedSplit, check_vocabulary_fits, load_tokenizer, subsample, unk_counts, unk_refusal
+from ..model import build_model, freshly_initialised_exits, model_device, resolve_device, set_frozen
 from ..plots import plot_layer_curve
 from ..score.evaluation import per_exit_scores, predict_exits
 from ..tasks import Example, TaskSpec, get_task, load_split
-from .acl_grad import AngleRecord, ExitTerms, gated_backward
+from .acl_grad import gated_backward
 from .checkpoint import (
     Ranks,
     ResumePoint,
@@ -77,13 +63,15 @@ from .checkpoint import (
     load_best,
     load_training_state,
     load_weights,
-    save_resume_point,
     state_json,
-    tag_for,
 )
-from .methods import Phase, build_optimizer, build_phases, linear_schedule
+from .dev_eval import DevTracker, EvalResult
+from .methods import Phase, build_optimizer, build_phases, deepspeed_engine, linear_schedule
 from .methods import ds_config as finetune_ds_config
+from .metrics import TrainMetrics
 from .objectives import ExitOutputs, exit_terms
+from .phases import frozen_modules, phase_batches, phase_steps, train_mode
+from .resume import Resumption
 from .run_dir import check_run_dir, claim_run_dir
 
 
@@ -120,20 +108,6 @@ def forward_exits(
 
 
 @dataclass
-class EvalResult:
-    step: int
-    scores: dict[int, dict[str, float]]
-    selection: float
-
-    def to_json(self) -> dict:
-        return {"step": self.step, "scores": {str(k): v for k, v in self.scores.items()}, "selection": self.selection}
-
-    @classmethod
-    def from_json(cls, data: dict) -> EvalResult:
-        return cls(data["step"], {int(k): v for k, v in data["scores"].items()}, data["selection"])
-
-
-@dataclass
 class RunRecord:
     """What run_config.json says besides the config: the source of every value, the paths names resolved to."""
 
@@ -164,18 +138,10 @@ class Trainer:
         self.run_dir, self.record = run_dir, record or RunRecord({}, {})
         env = resolve_env(export=False)
         self.rank, self.world = env.rank, env.world_size
-        self.ranks = Ranks(self.rank, self.world)
-        self.preempt = preempt or PreemptionFlag()
-        self.resume = resume
-        self.saved_tag = resume.tag if resume else None  # the position the newest resume checkpoint holds
-        self.seconds_before = float(resume.state.get("seconds", 0.0)) if resume else 0.0
+        self.resumption = Resumption(run_dir, Ranks(self.rank, self.world), preempt or PreemptionFlag(), resume)
+        self.dev = DevTracker(task, cfg.train.early_stopping_patience, self.rank)
+        self.metrics = TrainMetrics()
         self.global_step = 0
-        self.history: list[dict] = []
-        self.angles: list[dict] = []
-        self.best: EvalResult | None = None
-        self.evals_without_improvement = 0
-        self.stopped_early: list[dict] = []
-        self.writer = None
         self.engine = None
 
     # ------------------------------------------------------------------------------------------------ top level
@@ -183,20 +149,16 @@ class Trainer:
         """Train all phases; returns the summary that dev_scores.json holds."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.rank == 0:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(self.run_dir / "tensorboard"))
+            self.metrics.open(self.run_dir)
             save_run_config(self.run_dir / "run_config.json", self.cfg, self.record.sources, **self.record.resolved)
         self.started = time.time()
         phases = build_phases(self.cfg.method.name, list(self.model.exit_layers))
-        first = self.resume.state["phase_index"] if self.resume else 0
         try:
             for index, phase in enumerate(phases):
-                if index >= first:  # earlier phases are in the resume checkpoint's weights
+                if index >= self.resumption.first_phase:  # earlier phases are in the resume checkpoint's weights
                     self.run_phase(phase, index)
         except BaseException:  # preempted (or interrupted): the events so far reach the disk
-            if self.writer is not None:
-                self.writer.close()
+            self.metrics.close()
             raise
         # What `load_finetuned` reads to tell trained exits from random ones.
         self.model.config.trained_exits = sorted({layer for phase in phases for layer in phase.trained_exits})
@@ -204,20 +166,19 @@ class Trainer:
         if self.rank == 0:
             self.save(summary)
             finish(self.run_dir)  # the results are committed: the resume checkpoint has nothing left to give
-        if self.writer is not None:
-            self.writer.close()
+        self.metrics.close()
         return summary
 
     def elapsed(self) -> float:
         """Seconds of training, over every start of a resumed run."""
-        return self.seconds_before + time.time() - self.started
+        return self.resumption.seconds_before + time.time() - self.started
 
     def run_phase(self, phase: Phase, index: int = 0) -> None:
         """Train one phase (the `index`-th of the method), evaluating every `eval_every` steps (default: every
         epoch) and at its end; before each step, a preemption signal saves the run and stops it (`Preempted`)."""
-        total, steps_per_epoch = self.phase_steps(phase)
+        total, steps_per_epoch = phase_steps(self.cfg, phase, len(self.train_examples), self.world)
         optimizer, scheduler = self.start_phase(phase, total)
-        start = self.restore(optimizer, scheduler) if self.resume and index == self.resume.state["phase_index"] else 0
+        start = self.restore(optimizer, scheduler) if self.resumption.resumes(index) else 0
         eval_every = self.cfg.train.eval_every or steps_per_epoch
         bar = tqdm(
             total=total,
@@ -225,7 +186,10 @@ class Trainer:
             desc=f"{self.task.name} {phase.name}",
             disable=not self.cfg.train.progress or self.rank,
         )
-        for step, batch in enumerate(self.batches(total, start), start=start + 1):
+        shard = (self.rank, self.world)
+        for step, batch in enumerate(
+            phase_batches(self.cfg, self.tokenizer, self.train_examples, shard, total, start), start=start + 1
+        ):
             self.preemption_point(phase, index, step - 1, total, optimizer, scheduler)
             device = model_device(self.model)  # read each step: a DeepSpeed engine places the model itself
             batch = {key: value.to(device) for key, value in batch.items()}
@@ -234,54 +198,29 @@ class Trainer:
             bar.set_postfix(loss=f"{stats['loss']:.4f}")
             if step % eval_every == 0 or step == total:
                 self.evaluate(phase, step)
-                self.train_mode(phase)
-                if self.should_stop(phase, step, total):
+                train_mode(self.model, phase)
+                if self.dev.should_stop(phase, step, total):
                     break
         bar.close()
         self.end_phase(phase)
 
-    def should_stop(self, phase: Phase, step: int, total: int) -> bool:
-        """Early stopping: `early_stopping_patience` evaluations in a row without a better selection score."""
-        patience = self.cfg.train.early_stopping_patience
-        if patience is None or step == total or self.evals_without_improvement < patience:
-            return False
-        record = {"phase": phase.name, "step": step, "of": total, "patience": patience, "best_step": self.best.step}
-        self.stopped_early.append(record)
-        if self.rank == 0:
-            print(
-                f"{self.task.name} {phase.name}: stopped early at step {step}/{total}: {patience} evaluations "
-                f"without a better dev score (best at step {self.best.step})",
-                file=sys.stderr,
-                flush=True,
-            )
-        return True
-
-    def phase_steps(self, phase: Phase) -> tuple[int, int]:
-        """(optimizer steps of the phase, steps per epoch)."""
-        cfg = self.cfg
-        steps_per_epoch = max(1, math.ceil(len(self.train_examples) / (cfg.train.batch_size * self.world)))
-        epochs = cfg.value(phase.epochs_key)
-        epochs = cfg.train.epochs if epochs is None else epochs
-        return cfg.train.train_steps or max(1, int(math.ceil(epochs * steps_per_epoch))), steps_per_epoch
-
     def start_phase(self, phase: Phase, total: int) -> tuple[torch.optim.Optimizer, object]:
         """Freeze what the phase freezes, then a fresh optimizer and schedule over what stays trainable."""
-        set_frozen(self.frozen_modules(phase), True)
+        set_frozen(frozen_modules(self.model, phase), True)
         optimizer = build_optimizer(self.model, self.cfg)
         o = self.cfg.optim
         scheduler = linear_schedule(optimizer, total, warmup_for(o.warmup_steps, o.warmup_fraction, total))
         if self.cfg.train.ds_config:
-            self.engine, optimizer, scheduler = self._deepspeed(optimizer, scheduler)
-        self.best = None
-        self.evals_without_improvement = 0
-        self.train_mode(phase)
+            self.engine, optimizer, scheduler = deepspeed_engine(self.model, optimizer, scheduler, self.cfg)
+        self.dev.start_phase()
+        train_mode(self.model, phase)
         return optimizer, scheduler
 
     def end_phase(self, phase: Phase) -> None:
         """Restore the phase's best weights (2ST's stage 2 starts from the best stage 1) and unfreeze."""
-        if self.best is not None:
-            self.model.load_state_dict(self.best_state)
-        set_frozen(self.frozen_modules(phase), False)
+        if self.dev.best is not None:
+            self.model.load_state_dict(self.dev.best_state)
+        set_frozen(frozen_modules(self.model, phase), False)
         self.engine = None
 
     def train_step(
@@ -319,8 +258,18 @@ class Trainer:
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
         stats = {"loss": float(loss), "lr": scheduler.get_last_lr()[0]}
-        self.log_step(phase, step, terms, record, stats)
+        self.metrics.log_step(phase, step, self.global_step, terms, record, stats)
         return stats
+
+    def evaluate(self, phase: Phase, step: int) -> EvalResult:
+        """Score every exit on the dev set; the tracker keeps the phase's best (and says when to stop)."""
+        logits, labels = predict_exits(
+            self.model, self.tokenizer, self.dev_examples, self.cfg.train.eval_batch_size, self.cfg.data.max_length
+        )
+        scores = per_exit_scores(self.task, logits, labels)
+        result = self.dev.record(phase, step, self.global_step, scores, self.model)
+        self.metrics.log_dev(phase, scores, result.selection, self.global_step)
+        return result
 
     # ------------------------------------------------------------------------------------ preemption and resume
     def preemption_point(
@@ -334,28 +283,22 @@ class Trainer:
     ) -> None:
         """A step boundary (`done` steps of the phase behind): when any rank was signalled, every rank saves the
         run (unless the newest resume checkpoint holds this very position) and raises `Preempted`."""
-        if not self.ranks.any(self.preempt.requested, model_device(self.model)):
-            return
-        how = f"{self.preempt.name} at {phase.name} step {done} of {total}"
-        tag = tag_for(phase.name, done)
-        if self.global_step == 0 and self.resume is None:
-            message = f"{how}: nothing trained yet, nothing saved; rerun the same command to start the run"
-        elif tag == self.saved_tag:  # a resumed run signalled before its first step: its checkpoint is this one
-            message = f"{how}: the resume checkpoint {self.resume.dir} stays; rerun the same command to resume"
-        else:
+
+        def snapshot(tag: str) -> Snapshot:
             snap = Snapshot(tag, self.resume_state(phase, index, done, total), self.model.state_dict(), None, None)
-            snap.best = self.best_state if self.best is not None else None
+            snap.best = self.dev.best_state if self.dev.best is not None else None
             if self.engine is not None:
                 snap.engine = self.engine
             else:
                 snap.trainer = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
-            where = save_resume_point(self.run_dir, snap, self.ranks)
-            self.saved_tag = tag
-            message = f"{how}: saved a resume checkpoint in {where}; rerun the same command (same --output) to resume"
-        raise Preempted(message if self.rank == 0 else "")
+            return snap
+
+        device = model_device(self.model)
+        self.resumption.stop_if_signalled(device, phase.name, done, total, self.global_step > 0, snapshot)
 
     def resume_state(self, phase: Phase, index: int, done: int, total: int) -> dict:
         """state.json of a resume checkpoint: the position, the config it must resume under, the bookkeeping."""
+        dev = self.dev.state()
         return state_json(
             config=self.cfg.to_dict(),
             world_size=self.world,
@@ -363,156 +306,28 @@ class Trainer:
             phase_index=index,
             step=done,
             phase_steps=total,
-            signal=self.preempt.name,
+            signal=self.resumption.preempt.name,
             seconds=self.elapsed(),
             global_step=self.global_step,
-            history=self.history,
-            angles=self.angles,
-            best=self.best.to_json() if self.best is not None else None,
-            best_phase=getattr(self, "best_phase", None),
-            evals_without_improvement=self.evals_without_improvement,
-            stopped_early=self.stopped_early,
+            history=dev.pop("history"),
+            angles=self.metrics.angles,
+            **dev,
         )
 
     def restore(self, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler) -> int:
         """Continue the resumed phase where the checkpoint left it (after `start_phase` built its optimizer);
         returns the phase's steps done."""
-        point, state = self.resume, self.resume.state
+        point = self.resumption.resume
+        state = point.state
         load_weights(point, self.model)
         self.global_step = state["global_step"]
-        self.history, self.angles, self.stopped_early = state["history"], state["angles"], state["stopped_early"]
-        self.best = EvalResult.from_json(state["best"]) if state["best"] is not None else None
-        if state["best_phase"] is not None:
-            self.best_phase = state["best_phase"]
-        if self.best is not None:
-            self.best_state = load_best(point)
-        self.evals_without_improvement = state["evals_without_improvement"]
+        self.metrics.angles = state["angles"]
+        self.dev.load_state(state, load_best(point) if state["best"] is not None else None)
         load_training_state(point, optimizer, scheduler, self.engine, self.rank)  # random states last
         return int(state["step"])
 
-    # ------------------------------------------------------------------------------------------------- helpers
-    def batches(self, total: int, start: int = 0) -> Iterator[dict[str, torch.Tensor]]:
-        """Training batches `start`+1 .. `total` of the phase: seeded reshuffle each epoch; rank r of R takes every
-        R-th batch. A resumed phase skips the epochs before `start` unread."""
-        cfg = self.cfg
-        per_epoch = len(
-            range(self.rank * cfg.train.batch_size, len(self.train_examples), cfg.train.batch_size * self.world)
-        )
-        epoch, skip = divmod(start, max(per_epoch, 1))
-        produced = start
-        while produced < total:
-            stream = iterate_batches(
-                self.tokenizer,
-                self.train_examples,
-                cfg.train.batch_size,
-                cfg.data.max_length,
-                shuffle=True,
-                seed=cfg.train.seed * 1000 + epoch,
-                shard=(self.rank, self.world),
-                start_batch=skip,
-                group_by_length=cfg.data.group_by_length,
-            )
-            for batch in stream:
-                yield batch
-                produced += 1
-                if produced == total:
-                    return
-            epoch, skip = epoch + 1, 0
-
-    def train_mode(self, phase: Phase) -> None:
-        """Training mode, except frozen modules (2ST stage 2's backbone and teacher), which stay in eval mode."""
-        self.model.train()
-        for module in self.frozen_modules(phase):
-            module.eval()
-
-    def frozen_modules(self, phase: Phase) -> list[torch.nn.Module]:
-        """2ST stage 2 freezes the backbone and the teacher (last) exit; other phases freeze nothing."""
-        if not phase.freeze_backbone or phase.teacher is None:
-            return []
-        return backbone_modules(self.model) + exit_modules(self.model, phase.teacher)
-
-    def evaluate(self, phase: Phase, step: int) -> EvalResult:
-        logits, labels = predict_exits(
-            self.model, self.tokenizer, self.dev_examples, self.cfg.train.eval_batch_size, self.cfg.data.max_length
-        )
-        scores = per_exit_scores(self.task, logits, labels)
-        main = self.task.main_metric
-        selection = float(np.mean([scores[layer][main] for layer in phase.trained_exits]))
-        result = EvalResult(step, scores, selection)
-        self.history.append(
-            {
-                "phase": phase.name,
-                "step": step,
-                "global_step": self.global_step,
-                "selection": selection,
-                "exits": {str(k): v for k, v in scores.items()},
-            }
-        )
-        if self.writer is not None:
-            for layer, metrics in scores.items():
-                for name, value in metrics.items():
-                    self.writer.add_scalar(f"dev/{name}/layer_{layer}", value, self.global_step)
-            self.writer.add_scalar(f"dev/selection/{phase.name}", selection, self.global_step)
-        if self.best is None or selection > self.best.selection:
-            self.best = result
-            self.best_phase = phase.name
-            self.best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-            self.evals_without_improvement = 0
-        else:
-            self.evals_without_improvement += 1
-        return result
-
-    def log_step(
-        self, phase: Phase, step: int, terms: list[ExitTerms], record: AngleRecord | None, stats: dict
-    ) -> None:
-        if record is not None:
-            self.angles.append(
-                {
-                    "phase": phase.name,
-                    "step": step,
-                    "global_step": self.global_step,
-                    "angle": record.angle,
-                    "per_exit": {str(k): v for k, v in record.per_exit.items()},
-                    "dropped": record.dropped,
-                    "num_exits": record.num_exits,
-                }
-            )
-        if self.writer is None:
-            return
-        g = self.global_step
-        self.writer.add_scalar(f"train/loss/{phase.name}", stats["loss"], g)
-        self.writer.add_scalar("train/lr", stats["lr"], g)
-        for t in terms:
-            self.writer.add_scalar(f"train/task_loss/layer_{t.layer}", float(t.task.detach()), g)
-            if t.contrastive is not None:
-                self.writer.add_scalar(f"train/contrastive_loss/layer_{t.layer}", float(t.contrastive.detach()), g)
-        if record is not None:
-            if record.angle is not None:
-                self.writer.add_scalar("acl/angle", record.angle, g)
-            for layer, angle in record.per_exit.items():
-                if angle is not None:
-                    self.writer.add_scalar(f"acl/angle/layer_{layer}", angle, g)
-            self.writer.add_scalar("acl/dropped", float(record.dropped_batch), g)
-
-    def angle_summary(self) -> dict:
-        """Fraction of batches whose CE/contrastive angle exceeds 90°, ACL-Grad's drop rate, and the raw records."""
-        measured = [r["angle"] for r in self.angles if r["angle"] is not None]
-        pairs = sum(r["num_exits"] for r in self.angles)
-        return {
-            "scope": self.cfg.objective.acl_grad_scope,
-            "granularity": self.cfg.objective.acl_grad_granularity,
-            "threshold": self.cfg.objective.acl_grad_threshold,
-            "acl_grad": self.cfg.objective.acl_grad,
-            "batches": len(self.angles),
-            "mean_angle": float(np.mean(measured)) if measured else None,
-            "fraction_over_90": float(np.mean([a > 90.0 for a in measured])) if measured else None,
-            "drop_rate": float(np.mean([bool(r["dropped"]) for r in self.angles])) if self.angles else None,
-            "exit_drop_rate": sum(len(r["dropped"]) for r in self.angles) / pairs if pairs else None,
-            "records": self.angles,
-        }
-
+    # ----------------------------------------------------------------------------------------------- results
     def summary(self, seconds: float) -> dict:
-        best = self.best
         return {
             "task": self.task.name,
             "main_metric": self.task.main_metric,
@@ -523,15 +338,10 @@ class Trainer:
             "train_examples": len(self.train_examples),
             "dev_examples": len(self.dev_examples),
             "seconds": round(seconds, 1),
-            "best": {
-                "phase": getattr(self, "best_phase", None),
-                "step": best.step if best else None,
-                "selection": best.selection if best else None,
-                "exits": {str(k): v for k, v in best.scores.items()} if best else {},
-            },
+            "best": self.dev.best_json(),
             "trained_exits": getattr(self.model.config, "trained_exits", None),
-            "stopped_early": self.stopped_early,
-            "history": self.history,
+            "stopped_early": self.dev.stopped_early,
+            "history": self.dev.history,
         }
 
     def save(self, summary: dict) -> None:
@@ -551,19 +361,10 @@ class Trainer:
         if summary["best"]["exits"]:
             scores = {int(k): v for k, v in summary["best"]["exits"].items()}
             plot_layer_curve(self.task, scores, self.run_dir / "layer_curve.png", title=self.run_dir.name)
-        if self.angles:
-            atomic_write_json(self.run_dir / "acl_diagnostics.json", self.angle_summary(), indent=1)
-
-    def _deepspeed(self, optimizer: torch.optim.Optimizer, scheduler: object) -> tuple:
-        """Wrap model/optimizer/schedule in a DeepSpeed engine (single process needs no launcher)."""
-        import deepspeed
-
-        env = resolve_env()  # exports RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT (rank 0 of 1 without a launcher)
-        ds_config = finetune_ds_config(load_ds_json(self.cfg.train.ds_config), self.cfg, env.world_size)
-        engine, optimizer, _, scheduler = deepspeed.initialize(
-            model=self.model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
-        )
-        return engine, optimizer, scheduler
+        if self.metrics.angles:
+            atomic_write_json(
+                self.run_dir / "acl_diagnostics.json", self.metrics.angle_summary(self.cfg.objective), indent=1
+            )
 
 
 def run_training(

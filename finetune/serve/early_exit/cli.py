@@ -175,20 +175,7 @@ def main(args: argparse.Namespace) -> int:
         check_output(args.lte_head, LTE_HEAD_OUTPUT, inputs, flag="--lte-head")
     device = resolve_device(args.device)
     model_dir = resolve_pretrained(args.model, what="--model")
-    if problem := precision_problem(args.precision, device):
-        raise ConfigError(problem)
-    full_precision = load_finetuned(model_dir, require_trained=True, purpose="early exit").to(device)
-    if note := check_task_fits(full_precision.config, task, args.model):
-        print(f"finetune: note: {note}", file=sys.stderr, flush=True)
-    if len(full_precision.exit_layers) < 2:
-        print(
-            f"finetune: note: {args.model} has one exit (layer {full_precision.exit_layers[0]}): every sample leaves "
-            "there whatever the rule, so each point of the sweep is the full model (fine-tune with --exits for more)",
-            file=sys.stderr,
-            flush=True,
-        )
-    model = for_inference(full_precision, args.precision)  # thresholds are calibrated on this precision's logits
-    check_max_length(model, args.max_length, model_dir)
+    full_precision, model = load_models(args, model_dir, task, device)
     tokenizer = load_tokenizer(model_dir)
     precision = "" if args.precision == "fp32" else f"_{args.precision}"
     stem = f"early_exit_{task.name.replace('/', '_')}_{args.split}_bs{args.batch_size}{precision}"
@@ -224,6 +211,28 @@ def main(args: argparse.Namespace) -> int:
         plot_pareto(results, output / f"{stem}.png")
     print(f"wrote {output / f'{stem}.json'} and {output / f'{stem}.png'}")
     return 0
+
+
+def load_models(
+    args: argparse.Namespace, model_dir: Path, task: TaskSpec, device: torch.device
+) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(the fp32 model, the model the sweep runs at `--precision`: thresholds are calibrated on its logits), with
+    the task, exits and `--max-length` checked against it."""
+    if problem := precision_problem(args.precision, device):
+        raise ConfigError(problem)
+    full_precision = load_finetuned(model_dir, require_trained=True, purpose="early exit").to(device)
+    if note := check_task_fits(full_precision.config, task, args.model):
+        print(f"finetune: note: {note}", file=sys.stderr, flush=True)
+    if len(full_precision.exit_layers) < 2:
+        print(
+            f"finetune: note: {args.model} has one exit (layer {full_precision.exit_layers[0]}): every sample leaves "
+            "there whatever the rule, so each point of the sweep is the full model (fine-tune with --exits for more)",
+            file=sys.stderr,
+            flush=True,
+        )
+    model = for_inference(full_precision, args.precision)
+    check_max_length(model, args.max_length, model_dir)
+    return full_precision, model
 
 
 def prune_samples(directory: Path, results: dict) -> None:
