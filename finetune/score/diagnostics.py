@@ -1,5 +1,5 @@
 """ACL diagnostics: one exit's representations and label embeddings, what `plot-embeddings` projects (the command
-line is `diagnostics_cli.py`; the figures are in `plots.py`)."""
+line is `cli.py`; the figures are in `finetune/plots.py`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ELUE score: operating points against a baseline's per-exit curve (the `elue-score` command is `elue_cli.py`).
+"""The ELUE score: operating points against a baseline's per-exit curve (the `elue-score` command is in `cli.py`).
 
 ELUE score of a system on one task (Liu et al., 2022): given the baseline's points (FLOPs_j, score_j) - ElasticBERT-base
 at each exit layer - linearly interpolated into p_EB(f), and the system's operating points (f_i, p_i),

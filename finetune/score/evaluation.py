@@ -1,5 +1,5 @@
 """Per-exit evaluation: every exit's scores on a split, the layer-score curve and GLUE/ELUE test prediction files
-(the library of `evaluate`, whose command line is `evaluate_cli.py`; `trainer.py` scores dev sets with it too)."""
+(the library of `evaluate`, whose command line is `cli.py`; `train/trainer.py` scores dev sets with it too)."""
 
 from __future__ import annotations
 
