@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import finetune.serve.predict as predict_module
+import finetune.serve.loading as predict_module
 from common.errors import ConfigError
 from elasticbert import early_exit as engine
 from elasticbert import exit_setting
