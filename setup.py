@@ -27,7 +27,7 @@ setup(
         # rensa: MinHash signatures of `data_prep dedup` (bench/dedup_libraries.py: why rensa)
         "train": ["deepspeed", "tensorboard", "datasets", "sentencepiece", "zstandard", "blingfire", "rensa"],
         "eval": ["scikit-learn", "scipy", "matplotlib"],
-        # serving an early-exit model on ONNX Runtime (`predict --runtime onnxruntime`, `finetune.onnx_runtime`)
+        # serving an early-exit model on ONNX Runtime (`predict --runtime onnxruntime`, `finetune.serve.onnx_runtime`)
         "serve": ["onnxruntime"],
         # writing one (`finetune export --format onnx`): the exporter's graphs (onnx) and int8 (onnxruntime)
         "export": ["onnxruntime", "onnx"],

@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.cli import add_data_dir, add_threads  # noqa: E402
 from finetune.data import EncodedSplit, in_dataset_order, load_tokenizer, subsample  # noqa: E402
-from finetune.early_exit import (  # noqa: E402
+from finetune.model import load_finetuned  # noqa: E402
+from finetune.serve.early_exit import (  # noqa: E402
     default_sweep,
     make_rule,
     per_sample_flops,
@@ -35,7 +36,6 @@ from finetune.early_exit import (  # noqa: E402
     run_full_model,
     static_flops,
 )
-from finetune.model import load_finetuned  # noqa: E402
 from finetune.tasks import get_task, load_split  # noqa: E402
 
 

@@ -26,10 +26,10 @@ import torch
 from elasticbert import minilm_dir
 from finetune.config import from_shortcuts
 from finetune.data import encode_examples, load_tokenizer
-from finetune.methods import Phase, build_phases
 from finetune.model import build_model
 from finetune.tasks import get_task, load_split
-from finetune.trainer import Trainer, set_seed
+from finetune.train.methods import Phase, build_phases
+from finetune.train.trainer import Trainer, set_seed
 
 GLUE = Path(__file__).resolve().parents[2] / "shared" / "data" / "glue"
 

@@ -146,7 +146,7 @@ def early_exit_ratios(device: str, quick: bool) -> list[dict]:
     """Wall ÷ FLOPs speed-up of the entropy rule at ≈ 1.5/2/3× fewer FLOPs, batch 1 and 32."""
     from elasticbert import ElasticBertForSequenceClassification
     from elasticbert.flops import sample_flops
-    from finetune.early_exit import make_rule, per_sample_flops, run_batch
+    from finetune.serve.early_exit import make_rule, per_sample_flops, run_batch
 
     hidden, layers, heads, n = (64, 6, 2, 64) if quick else (768, 6, 12, 512)
     cfg = ElasticBertConfig(

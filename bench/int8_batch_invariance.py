@@ -1,8 +1,8 @@
 """Batch-invariant int8 on ONNX Runtime, measured: one exported layer piece, three ways, side by side.
 
 `finetune export --format onnx` writes each layer's int8 piece with activations quantized per call with one scale per
-token (`finetune.onnx_export.per_token_int8`). The common route, `onnxruntime.quantization.quantize_dynamic` (what the
-export wrote before, and what the bench's full-model ORT int8 row uses), takes one scale per tensor, over the whole
+token (`finetune.serve.onnx_export.per_token_int8`). The common route, `onnxruntime.quantization.quantize_dynamic` (what
+the export wrote before, and what the bench's full-model ORT int8 row uses), takes one scale per tensor, over the whole
 batch, so an input's logits move with the inputs it is batched with: on MRPC dev by up to 1.06, enough that the
 serving bench's threshold had to fall from τ 0.46 to 0.26 to keep 1 point of accuracy in every batching. This bench
 shows what per token costs and buys, on one layer of an export, against that piece rebuilt with `quantize_dynamic`:

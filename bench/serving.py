@@ -53,10 +53,10 @@ from elasticbert.exit_setting import EarlyExitSetting  # noqa: E402
 from elasticbert.precision import for_inference  # noqa: E402
 from experiments.common import GLUE_DIR, RESULTS_DIR, write_json  # noqa: E402
 from finetune.data import EncodedSplit, load_tokenizer, subsample  # noqa: E402
-from finetune.early_exit import make_rule, per_sample_flops, static_flops  # noqa: E402
-from finetune.inputs import TextInput  # noqa: E402
 from finetune.model import load_finetuned  # noqa: E402
-from finetune.predict import EarlyExitClassifier, trained_max_length  # noqa: E402
+from finetune.serve.early_exit import make_rule, per_sample_flops, static_flops  # noqa: E402
+from finetune.serve.inputs import TextInput  # noqa: E402
+from finetune.serve.predict import EarlyExitClassifier, trained_max_length  # noqa: E402
 from finetune.tasks import get_task, load_split  # noqa: E402
 
 # configuration -> (runtime and precision: the full model it is compared with, early exit or not)
@@ -265,7 +265,7 @@ def setting_of(calibrated: dict) -> EarlyExitSetting:
 
 def runners(context: dict, threads: int, args: argparse.Namespace) -> dict[str, Run]:
     """Configuration name -> its `Run`, at `threads` threads."""
-    from finetune.onnx_runtime import OnnxLayers
+    from finetune.serve.onnx_runtime import OnnxLayers
 
     model, tokenizer, texts = context["model"], context["tokenizer"], context["texts"]
     inputs, label_of, thresholds = context["inputs"], context["label_of"], context["thresholds"]
@@ -324,7 +324,7 @@ def time_cell(run: dict[str, Run], batch: int, rounds: int, labels: np.ndarray) 
 
 def onnx_export(model_dir: Path, work: Path, max_length: int) -> Path:
     """The model as ONNX steps (`finetune export --format onnx`), once per model."""
-    from finetune.onnx_export import FORMAT, MANIFEST, export_onnx
+    from finetune.serve.onnx_export import FORMAT, MANIFEST, export_onnx
 
     out = work / "ee_onnx"
     manifest = out / MANIFEST
@@ -335,7 +335,7 @@ def onnx_export(model_dir: Path, work: Path, max_length: int) -> Path:
 
 def prepare(task_name: str, model_dir: Path, args: argparse.Namespace) -> dict:
     """What every cell of a task shares: data, model, export, thresholds per runtime."""
-    from finetune.onnx_runtime import OnnxLayers
+    from finetune.serve.onnx_runtime import OnnxLayers
 
     task = get_task(task_name)
     examples = subsample(load_split(task, GLUE_DIR, "dev"), args.max_examples)

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.io import read_object  # noqa: E402
 from experiments.common import GLUE_DIR, RESULTS_DIR, mean_std, run_cli, write_json  # noqa: E402
-from finetune.early_exit.operating_point import load_result  # noqa: E402
+from finetune.serve.early_exit.operating_point import load_result  # noqa: E402
 
 STRATEGIES = ("entropy", "patience", "pcee", "lte")
 

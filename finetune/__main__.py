@@ -1,6 +1,8 @@
 """`python -m finetune <command>` (console script `elasticbert-finetune`).
 
-Each command module (`*_cli`) exposes `add_subparser(subparsers)`, which sets the command's `func`; a user error
+Each room's command module (`train/cli.py`, `score/cli.py`, `serve/cli.py`, `serve/early_exit/cli.py`) exposes
+`add_subparser(subparsers)`, which registers its commands, each with its `func`; this module only assembles them and
+dispatches. A user error
 (bad option, data, checkpoint) prints `finetune: error: MESSAGE` and exits 2 (`common.cli.dispatch`).
 """
 
@@ -13,19 +15,12 @@ from collections.abc import Sequence
 from common.cli import add_debug, add_switch, dispatch
 from elasticbert.loading import set_checksum_verification
 
-from . import diagnostics_cli, elue_cli, evaluate_cli, export_cli, predict_cli, submission_cli, train_cli
-from .early_exit import cli as early_exit_cli
+from .score import cli as score_cli
+from .serve import cli as serve_cli
+from .serve.early_exit import cli as early_exit_cli
+from .train import cli as train_cli
 
-COMMAND_MODULES = (
-    train_cli,
-    evaluate_cli,
-    diagnostics_cli,
-    early_exit_cli,
-    elue_cli,
-    submission_cli,
-    predict_cli,
-    export_cli,
-)
+COMMAND_MODULES = (train_cli, score_cli, early_exit_cli, serve_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:

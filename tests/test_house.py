@@ -231,3 +231,61 @@ def test_json_files_are_read_through_common_io():
     assert not wrong, "read a JSON file with common.io.read_object / peek_object (they name the file):\n" + "\n".join(
         wrong
     )
+
+
+# finetune's rooms: train/ (the train command and what it drives), score/ (evaluation, ELUE, submission,
+# diagnostics), serve/ (EarlyExitClassifier, ONNX, early_exit/); what all three use sits at finetune/'s top.
+FINETUNE_ROOMS = ("train", "score", "serve")
+
+
+def test_serving_never_imports_training():
+    """A server installs no trainer: nothing under finetune/serve imports finetune.train (or its old paths)."""
+    training = ("finetune.train.", "finetune.trainer", "finetune.train_cli") + tuple(
+        f"finetune.{m}" for m in ("methods", "objectives", "acl_grad", "checkpoint", "run_dir")
+    )
+    wrong = [
+        f"{path.relative_to(REPO)} imports {target}"
+        for name, path in package_modules("finetune").items()
+        if name.startswith("finetune.serve")
+        for target in imports_of(path)
+        if target == "finetune.train" or target.startswith(training)
+    ]
+    assert not wrong, "finetune.serve imports training:\n" + "\n".join(wrong)
+
+
+def private_imports_across(package: str, importer: str, path: Path, modules: dict[str, Path]) -> list[str]:
+    """The `_private` modules of `package` that `importer` imports from outside the sub-package that owns them."""
+    wrong = []
+    for target in imports_of(path, importer):
+        leaf = target.rpartition(".")[2]
+        if target in modules and leaf.startswith("_") and not leaf.startswith("__"):
+            owner = target.rpartition(".")[0]
+            if not (importer == owner or importer.startswith(owner + ".")):
+                wrong.append(f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path} imports {target}")
+    return wrong
+
+
+def test_no_module_imports_another_sub_packages_private_module():
+    modules = package_modules("finetune")
+    wrong = [
+        entry for name, path in modules.items() for entry in private_imports_across("finetune", name, path, modules)
+    ]
+    assert not wrong, "a `_private` module is its sub-package's own:\n" + "\n".join(wrong)
+
+
+def test_the_private_module_check_sees_a_sibling_import(tmp_path):
+    fake = tmp_path / "m.py"
+    fake.write_text("from ..train import _phases\nfrom . import _own\n", encoding="utf-8")
+    modules = {"finetune.train._phases": fake, "finetune.serve._own": fake}
+    assert private_imports_across("finetune", "finetune.serve.m", fake, modules) == [
+        f"{fake} imports finetune.train._phases"
+    ]
+
+
+@pytest.mark.parametrize("room", FINETUNE_ROOMS)
+def test_each_finetune_room_says_what_it_owns_and_imports_nothing_eagerly(room):
+    init = REPO / "finetune" / room / "__init__.py"
+    tree = ast.parse(init.read_text(encoding="utf-8"))
+    doc = ast.get_docstring(tree) or ""
+    assert len(doc) > 200, f"{init.relative_to(REPO)}: a paragraph saying what the room owns"
+    assert not [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)], f"{init} imports eagerly"

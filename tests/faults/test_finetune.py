@@ -428,7 +428,7 @@ def test_flipped_tensor_bytes_in_a_fine_tuned_model_are_refused_by_every_reader(
     refused by name by evaluate, predict, early-exit, export and `EarlyExitClassifier`, from the checksums written
     with best/; --no-verify-checksums loads it anyway. A setting saved into the directory keeps it verifiable."""
     from elasticbert.loading import set_checksum_verification
-    from finetune.predict import EarlyExitClassifier
+    from finetune.serve.predict import EarlyExitClassifier
 
     best = tmp_path / "best"
     shutil.copytree(finished / "best", best)
@@ -786,12 +786,12 @@ def test_save_early_exit_command(tmp_path, capsys, finished):
 # ---------------------------------------------------------------------------------------------------- --device
 
 DEVICE_MODULES = (
-    "finetune.trainer",
-    "finetune.evaluation",
-    "finetune.diagnostics",
-    "finetune.early_exit.cli",
-    "finetune.predict_cli",
-    "finetune.submission",
+    "finetune.train.trainer",
+    "finetune.score.evaluation",
+    "finetune.score.diagnostics",
+    "finetune.serve.early_exit.cli",
+    "finetune.serve.cli",
+    "finetune.score.submission",
 )
 
 
@@ -862,7 +862,7 @@ def test_the_device_option_reaches_every_command(tmp_path, capsys, glue, finishe
         asked.append(name)
         return torch.device("cpu")
 
-    for module in DEVICE_MODULES + ("finetune.predict",):
+    for module in DEVICE_MODULES + ("finetune.serve.predict",):
         monkeypatch.setattr(importlib.import_module(module), "resolve_device", resolver)
     for name, argv in _device_commands(glue, finished, tmp_path).items():
         asked.clear()

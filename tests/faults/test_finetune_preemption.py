@@ -105,7 +105,7 @@ def test_sigusr1_is_a_preemption_like_sigterm(tmp_path, monkeypatch, capsys, ref
 def test_sigterm_during_the_dev_evaluation(tmp_path, monkeypatch, capsys, reference):
     """The evaluation in progress finishes (its score is part of the run), then the checkpoint is saved."""
     out = tmp_path / "run"
-    err, _ = run(monkeypatch, capsys, out, 75, patch=send_during("finetune.trainer:predict_exits", call=2))
+    err, _ = run(monkeypatch, capsys, out, 75, patch=send_during("finetune.train.trainer:predict_exits", call=2))
     assert "SIGTERM at train step 4 of 6: saved a resume checkpoint" in preempted_line(err)
     state = json.loads((out / "resume" / "train-step000004" / "state.json").read_text())
     assert [h["step"] for h in state["history"]] == [2, 4]
@@ -117,7 +117,7 @@ def test_sigterm_while_best_is_written_finishes_the_run(tmp_path, monkeypatch, c
     """After the last step, writing the results is less work than a checkpoint: the run completes, says so, exit 0
     (a requeue would only be refused as a finished run)."""
     out = tmp_path / "run"
-    err, _ = run(monkeypatch, capsys, out, 0, patch=send_during("finetune.trainer:seal"))
+    err, _ = run(monkeypatch, capsys, out, 0, patch=send_during("finetune.train.trainer:seal"))
     assert "finetune: SIGTERM arrived after the last training step: the run finished writing its results" in err
     assert verify_directory(out / "best") == [] and not (out / "resume").exists()
     assert results(out) == reference()[0]
@@ -128,8 +128,8 @@ def test_a_second_signal_while_saving_does_not_cut_the_save_short(tmp_path, monk
 
     def patch(mp):
         signal_after_step(mp, 3)
-        send_during("finetune.checkpoint:save_tensors", signal.SIGTERM)(mp)  # a second SIGTERM ...
-        send_during("finetune.checkpoint:save_torch", signal.SIGUSR1, call=2)(mp)  # ... and a SIGUSR1
+        send_during("finetune.train.checkpoint:save_tensors", signal.SIGTERM)(mp)  # a second SIGTERM ...
+        send_during("finetune.train.checkpoint:save_torch", signal.SIGUSR1, call=2)(mp)  # ... and a SIGUSR1
 
     err, before = run(monkeypatch, capsys, out, 75, patch=patch)
     preempted_line(err)
@@ -142,13 +142,13 @@ def test_sigterm_before_the_first_step(tmp_path, monkeypatch, capsys, reference)
     """While the model loads: nothing trained, nothing saved, exit 75; the rerun starts the run. The same on a
     resumed run: its checkpoint stays as it is."""
     out = tmp_path / "run"
-    err, _ = run(monkeypatch, capsys, out, 75, patch=send_during("finetune.trainer:build_model"))
+    err, _ = run(monkeypatch, capsys, out, 75, patch=send_during("finetune.train.trainer:build_model"))
     line = preempted_line(err)
     assert "SIGTERM at train step 0 of 6: nothing trained yet, nothing saved" in line
     assert not (out / "resume").exists() and not (out / "best").exists()
     run(monkeypatch, capsys, out, 75, patch=lambda mp: signal_after_step(mp, 2))
     saved = {p.name: p.read_bytes() for p in (out / "resume" / "train-step000002").iterdir()}
-    err, _ = run(monkeypatch, capsys, out, 75, patch=send_during("finetune.trainer:build_model"))
+    err, _ = run(monkeypatch, capsys, out, 75, patch=send_during("finetune.train.trainer:build_model"))
     assert f"the resume checkpoint {out / 'resume' / 'train-step000002'} stays" in preempted_line(err)
     assert {p.name: p.read_bytes() for p in (out / "resume" / "train-step000002").iterdir()} == saved
     _, after = run(monkeypatch, capsys, out, 0)
@@ -216,7 +216,7 @@ def test_overwrite_starts_a_damaged_preempted_run_over(tmp_path, monkeypatch, ca
     out = tmp_path / "run"
     shutil.copytree(preempted, out)
     flip_bytes(out / "resume" / "train-step000003" / "model.safetensors")
-    err, _ = run(monkeypatch, capsys, out, 75, "--overwrite", patch=send_during("finetune.trainer:build_model"))
+    err, _ = run(monkeypatch, capsys, out, 75, "--overwrite", patch=send_during("finetune.train.trainer:build_model"))
     assert "discarding the preempted run" in err and not (out / "resume").exists()
     err, _ = run(monkeypatch, capsys, out, 0)
     assert "interrupted before it wrote best/; starting over" in err
@@ -238,7 +238,7 @@ def test_disk_full_while_the_resume_checkpoint_is_written(tmp_path, monkeypatch,
 KILL_WHILE_SAVING = textwrap.dedent(
     """
     import os, signal, sys
-    import finetune.checkpoint as checkpoint
+    import finetune.train.checkpoint as checkpoint
     sys.path.insert(0, sys.argv[1])
     from finetune_preemption import signal_after_step
     import pytest

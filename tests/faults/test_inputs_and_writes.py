@@ -165,7 +165,7 @@ def test_the_python_api_carries_the_same_verdicts(sst2):
     """Class 3 at the other entry point: `EarlyExitClassifier.predict` returns the verdict records too (no label);
     `min_readable_share=0` classifies text the vocabulary reads in part; out-of-range values are refused."""
     from common.errors import ConfigError
-    from finetune.predict import EarlyExitClassifier
+    from finetune.serve.predict import EarlyExitClassifier
 
     classifier = EarlyExitClassifier.from_pretrained(sst2)
     got = classifier.predict(["a fine film", "😀😀", "...", "a good one", "Привет мир"])
@@ -342,7 +342,7 @@ def test_an_output_below_a_file_names_the_file(tmp_path, capsys, glue, sst2):
 def test_save_early_exit_on_a_full_disk_keeps_the_model_loadable(tmp_path, capsys, sst2):
     """Class 5 (not named: save-early-exit onto a full disk). One line naming config.json, and the directory still
     loads and verifies (its config and checksums unchanged)."""
-    from finetune.predict import EarlyExitClassifier
+    from finetune.serve.predict import EarlyExitClassifier
 
     with small_tmpfs(tmp_path / "small", "200m") as small:
         model = small / "best"
@@ -422,7 +422,7 @@ def test_save_early_exit_and_operating_points_skip_degenerate_settings(tmp_path,
     """Class 6 (not named): save-early-exit refuses an entropy threshold of ln 2 (the config unchanged); a result of
     an earlier version whose sweep holds a patience-0 point (the fastest, within the margin) never has it chosen by
     `fastest-within`, and `submission` skips it with one line."""
-    from finetune.early_exit import choose_operating_point
+    from finetune.serve.early_exit import choose_operating_point
 
     model = tmp_path / "best"
     shutil.copytree(sst2, model)

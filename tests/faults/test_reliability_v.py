@@ -299,8 +299,8 @@ def test_the_pipeline_and_the_api_refuse_another_tasks_threshold(tmp_path, sst2,
     from transformers import AutoModelForSequenceClassification
 
     from finetune.data import load_tokenizer
-    from finetune.early_exit import choose_operating_point
-    from finetune.predict import EarlyExitClassifier
+    from finetune.serve.early_exit import choose_operating_point
+    from finetune.serve.predict import EarlyExitClassifier
 
     model_dir = copy_model(sst2, tmp_path / "best")
     edit_config(model_dir, early_exit={"strategy": "entropy", "threshold": 0.3, "task": "MRPC"})
@@ -345,7 +345,7 @@ def test_a_model_that_records_no_task_keeps_working_with_a_note(tmp_path, capsys
 def test_a_line_of_symbols_is_flagged_at_every_entry_point(tmp_path, capsys, sst2, monkeypatch):
     """Class 3 (named: a line of symbols got a label, exit 0: symbols counted as word characters). No letter or digit
     of any script: `no-words`, in a file, on stdin and through the API (not named: the stream, a pair's text)."""
-    from finetune.predict import EarlyExitClassifier
+    from finetune.serve.predict import EarlyExitClassifier
 
     path = texts(tmp_path, "a fine film", SYMBOLS, "$$$ +++ === ^^^")
     code, out, err = run(capsys, ["predict", "--model", str(sst2), "--input", str(path), "--no-progress"])
@@ -448,7 +448,7 @@ def test_a_rule_that_never_exits_early_is_refused(tmp_path, capsys, glue, sst2, 
     """Class 5 (named: entropy 0, patience >= the exits, max-prob 1.0, PCEE patience 100 were accepted silently in
     early-exit, predict and save-early-exit, answering as the full model). Refused with the rule and why, in each,
     and through the API; the model's config unchanged."""
-    from finetune.predict import EarlyExitClassifier
+    from finetune.serve.predict import EarlyExitClassifier
 
     rule = ["--strategy", strategy, "--threshold", threshold, *extra]
     model = copy_model(sst2, tmp_path / "best")
@@ -491,7 +491,7 @@ def test_a_blank_line_in_streamed_stdin_is_an_empty_input(capsys, sst2, monkeypa
 def test_the_api_answers_an_empty_text_with_its_verdict(sst2):
     """Class 3/6 (not named: `EarlyExitClassifier.predict([""])` raised for the whole batch where "\\u200b" got a
     verdict): an empty text is an input with nothing in it, flagged like the blank stdin line."""
-    from finetune.predict import EarlyExitClassifier
+    from finetune.serve.predict import EarlyExitClassifier
 
     got = EarlyExitClassifier.from_pretrained(sst2).predict(["a fine film", "", ("", "")])
     assert [r.get("flag") for r in got] == [None, "empty", "empty"]

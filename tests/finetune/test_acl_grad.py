@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from finetune.acl_grad import ExitTerms, combine, gated_backward, gradient_angle
+from finetune.train.acl_grad import ExitTerms, combine, gated_backward, gradient_angle
 
 
 def _direction(degrees):

@@ -17,10 +17,10 @@ import common.config
 from common.config import warmup_for
 from common.errors import ConfigError
 from common.integrity import seal
-from finetune import train_cli
-from finetune.checkpoint import ResumeError, ResumePoint, check_resume_point
 from finetune.config import RECIPE_DIR, FinetuneConfig, from_shortcuts, load_config_file, load_run_config
-from finetune.methods import linear_schedule
+from finetune.train import cli as train_cli
+from finetune.train.checkpoint import ResumeError, ResumePoint, check_resume_point
+from finetune.train.methods import linear_schedule
 
 BASE = ["--model", "m", "--task", "RTE", "--output", "out"]
 STEPS_LINE = (

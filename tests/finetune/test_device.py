@@ -8,7 +8,7 @@ from common.errors import ConfigError
 from finetune.__main__ import build_parser
 from finetune.config import TrainConfig
 from finetune.model import resolve_device
-from finetune.train_cli import config_from_args
+from finetune.train.cli import config_from_args
 
 COMMANDS = {
     "train": ["train", "--model", "M", "--task", "SST-2", "--output", "O"],

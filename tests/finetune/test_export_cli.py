@@ -1,4 +1,4 @@
-"""`python -m finetune export --layout fnlp` (finetune/export_cli.py): a fine-tuned model directory as `finetune
+"""`python -m finetune export --layout fnlp` (finetune/serve/cli.py): a fine-tuned model directory as `finetune
 train` writes RUN/best (weights, config, tokenizer), written in the official ElasticBERT layout; user errors are one
 message and exit 2. The parser is built here (the module is registered in finetune/__main__.py separately)."""
 
@@ -14,7 +14,7 @@ from transformers import BertTokenizer
 
 from common.cli import run_command
 from elasticbert import ElasticBertForSequenceClassification, load_pretrained
-from finetune import export_cli
+from finetune.serve import cli as export_cli
 
 
 def _parser():

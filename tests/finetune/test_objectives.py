@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from finetune.config import ConfigError, from_shortcuts
-from finetune.objectives import (
+from finetune.train.objectives import (
     acl_cl_loss,
     acl_embed_loss,
     kd_loss,

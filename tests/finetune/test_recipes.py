@@ -8,7 +8,7 @@ import pytest
 from common.errors import ConfigError
 from finetune.__main__ import build_parser, main
 from finetune.config import DEFAULT_EXIT_LR, FinetuneConfig, load_config_file, load_run_config, recipe_names
-from finetune.train_cli import config_from_args
+from finetune.train.cli import config_from_args
 
 BASE = ["train", "--model", "M", "--task", "RTE", "--output", "O"]
 
@@ -202,7 +202,7 @@ def test_recipe_run_records_its_provenance_and_stops_early(tmp_path, minilm, glu
 def test_every_config_key_has_one_flag_and_every_flag_one_key():
     """The shortcut flags cover the config exactly: a key added to a section gets its flag (or this fails)."""
     from finetune.config import SHORTCUTS, flag
-    from finetune.train_cli import OPTIONS
+    from finetune.train.cli import OPTIONS
 
     keys = [key for rows in OPTIONS.values() for key, _ in rows]
     assert sorted(keys) == sorted(SHORTCUTS) and len(set(keys)) == len(keys)

@@ -14,7 +14,7 @@ from finetune.config import FinetuneConfig, from_shortcuts
 from finetune.data import load_tokenizer, subsample
 from finetune.model import backbone_modules, build_model, exit_modules
 from finetune.tasks import get_task, load_split
-from finetune.trainer import Trainer, run_training
+from finetune.train.trainer import Trainer, run_training
 
 # Tiny and fast: 2 layers of MiniLM, short sequences, a few steps per phase, a small dev subset.
 TINY = dict(
@@ -385,7 +385,7 @@ def test_train_options_come_from_the_config(monkeypatch, capsys):
     """Defaults and choices of `train` are the config's; booleans are --x/--no-x; each flag sets one key;
     --data-dir defaults to $GLUE_DIR."""
     from finetune.__main__ import build_parser
-    from finetune.train_cli import config_from_args
+    from finetune.train.cli import config_from_args
 
     monkeypatch.delenv("GLUE_DIR", raising=False)
     base = ["train", "--model", "M", "--task", "RTE", "--output", "O"]

@@ -184,7 +184,7 @@ def onnx_models(classifier, mha_classifier, tmp_path_factory):
     """{kind: (eager model, its ONNX export)} for linear and MHA exits, conditioned heads (needs onnx, onnxruntime)."""
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")
-    from finetune.onnx_export import export_onnx
+    from finetune.serve.onnx_export import export_onnx
 
     out = {}
     for kind, model in (("linear", classifier), ("mha", mha_classifier)):
@@ -202,7 +202,7 @@ def onnx_spread(classifier, mha_classifier, tmp_path_factory):
     from row to row, so rules send rows out at several exits (their logits amplify float noise ~1e3)."""
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")
-    from finetune.onnx_export import export_onnx
+    from finetune.serve.onnx_export import export_onnx
 
     out = {}
     for kind, model in (("linear", classifier), ("mha", mha_classifier)):

@@ -7,9 +7,9 @@ import pytest
 
 from common.errors import ConfigError, UserError
 from elasticbert import minilm_dir
-from finetune import early_exit
 from finetune.__main__ import build_parser
-from finetune.early_exit import SweepConfig
+from finetune.serve import early_exit
+from finetune.serve.early_exit import SweepConfig
 
 
 def _parser():

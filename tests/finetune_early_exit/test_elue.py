@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from finetune.elue import BaselineCurve, elue_score, load_baseline, load_curves, task_score
-from finetune.submission import activation_trace, parse_activation_trace, write_submission
+from finetune.score.elue import BaselineCurve, elue_score, load_baseline, load_curves, task_score
+from finetune.score.submission import activation_trace, parse_activation_trace, write_submission
 from finetune.tasks import DataError, get_task
 
 # Baseline per-exit points (FLOPs, score). Task B is given unsorted on purpose.
@@ -164,7 +164,7 @@ def test_write_submission_files(tmp_path, exit_type):
 
 def test_a_points_file_with_no_points_is_refused(tmp_path):
     """A task listed with an empty list of points used to score nothing and exit 0."""
-    from finetune.elue import read_curve_file
+    from finetune.score.elue import read_curve_file
 
     empty = tmp_path / "points.json"
     empty.write_text(json.dumps({"name": "mine", "tasks": {"SST-2": []}}))

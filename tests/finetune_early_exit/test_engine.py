@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from common.errors import ConfigError
-from finetune.early_exit import (
+from finetune.model import exit_logits
+from finetune.serve.early_exit import (
     EntropyRule,
     LearnedExitHead,
     LearnedExitRule,
@@ -19,7 +20,6 @@ from finetune.early_exit import (
     run_batch,
     run_dataset,
 )
-from finetune.model import exit_logits
 
 
 def _exit_outputs(model, split):

@@ -14,8 +14,8 @@ import torch
 from elasticbert.early_exit import GraphedLayers, TorchLayers, entropy_nats, make_rule, per_sample_flops, run_batch
 from elasticbert.exit_queues import ExitQueues, _nearest
 from elasticbert.layer_runner import LayerRunner
-from finetune.inputs import TextInput
 from finetune.model import exit_logits
+from finetune.serve.inputs import TextInput
 
 
 def _gap(values):
@@ -92,7 +92,7 @@ def test_queued_answers_are_the_answers_alone(kind, precision, onnx_spread, sst2
     """Logits: int8 within 1e-4 and fp32 within 1e-2 of alone - the spread heads amplify float noise ~1e3
     (test_engine.py); the per-token int8 layers themselves answer alone as in a batch to ~1e-8
     (test_onnx_runtime.py, conditioned heads)."""
-    from finetune.onnx_runtime import OnnxLayers
+    from finetune.serve.onnx_runtime import OnnxLayers
 
     model, export = onnx_spread[kind]
     ort = OnnxLayers(export, precision, threads=1)
@@ -115,7 +115,7 @@ def test_queued_answers_are_the_answers_alone(kind, precision, onnx_spread, sst2
 
 def test_fp32_eager_queued_equals_alone_and_the_onnx_pieces(onnx_spread, sst2_dev):
     """Eager torch through the same engine: the same exits and labels as alone and as ONNX Runtime fp32."""
-    from finetune.onnx_runtime import OnnxLayers
+    from finetune.serve.onnx_runtime import OnnxLayers
 
     model, export = onnx_spread["mha"]
     rule = _rules(model, sst2_dev)["pcee"]
@@ -193,7 +193,7 @@ def test_graphed_layers_run_fixed_shapes_on_the_cpu_and_match(classifier, sst2_d
 def test_the_stream_answers_in_input_order(saved_model, entropy_tau, dev_texts):
     """Texts submitted in arrivals of different sizes, unreadable ones among them: records come out in input order,
     each once, and equal the batch call's."""
-    from finetune.predict import EarlyExitClassifier
+    from finetune.serve.predict import EarlyExitClassifier
 
     classifier = EarlyExitClassifier.from_pretrained(saved_model, strategy="entropy", threshold=entropy_tau)
     texts = [*dev_texts[:5], "", *dev_texts[5:12], "!!!", *dev_texts[12:]]

@@ -5,7 +5,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from elasticbert.flops import embedding_flops, exit_flops, layer_flops
-from finetune.early_exit import (
+from finetune.serve.early_exit import (
     LearnedExitHead,
     exit_errors,
     make_rule,

@@ -1,6 +1,6 @@
-"""Early exit on ONNX Runtime (`finetune export --layout onnx`, `finetune.onnx_runtime`): the export round trip, the
-one engine over ONNX pieces equal to the eager engine in fp32 (batch 1 and 32, linear and MHA exits, every rule incl.
-LTE), int8 close to eager int8, and the refusals (missing piece, flipped byte, precision mismatch)."""
+"""Early exit on ONNX Runtime (`finetune export --layout onnx`, `finetune.serve.onnx_runtime`): the export round trip,
+the one engine over ONNX pieces equal to the eager engine in fp32 (batch 1 and 32, linear and MHA exits, every rule
+incl. LTE), int8 close to eager int8, and the refusals (missing piece, flipped byte, precision mismatch)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ pytest.importorskip("onnx")
 from common.errors import ConfigError, UserError  # noqa: E402
 from elasticbert import save_early_exit  # noqa: E402
 from elasticbert.early_exit import EarlyExitSetting, entropy_nats, make_rule, run_batch  # noqa: E402
-from finetune.early_exit.lte import LearnedExitHead  # noqa: E402
 from finetune.model import exit_logits  # noqa: E402
-from finetune.onnx_export import MANIFEST, export_onnx  # noqa: E402
-from finetune.onnx_runtime import OnnxLayers  # noqa: E402
-from finetune.predict import EarlyExitClassifier  # noqa: E402
+from finetune.serve.early_exit.lte import LearnedExitHead  # noqa: E402
+from finetune.serve.onnx_export import MANIFEST, export_onnx  # noqa: E402
+from finetune.serve.onnx_runtime import OnnxLayers  # noqa: E402
+from finetune.serve.predict import EarlyExitClassifier  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def test_two_threads_run_small_batches_on_one_thread_and_equal_one_thread(models
     """`threads=2`: a batch under `PARALLEL_MIN_TOKENS` tokens (a request) runs on the one-thread layer sessions, a
     larger one on the two-thread ones; no session's workers spin (a dozen sessions' spinning workers starved each
     other: 44 inputs/s against 227, SST-2 batch 1); the answers are those of `threads=1`."""
-    import finetune.onnx_runtime as onnx_runtime
+    import finetune.serve.onnx_runtime as onnx_runtime
 
     model, export = models["mha"]
     one, two = OnnxLayers(export, "fp32", threads=1), OnnxLayers(export, "fp32", threads=2)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from common.errors import ConfigError
-from finetune.early_exit import RESULT_FORMAT, choose_operating_point
+from finetune.serve.early_exit import RESULT_FORMAT, choose_operating_point
 from finetune.tasks import DataError
 
 FULL = {"layer": 6, "score": 90.0, "mean_flops": 100.0}

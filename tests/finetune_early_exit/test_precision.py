@@ -16,10 +16,10 @@ from elasticbert.masks import attention_mask_for_sdpa
 from elasticbert.precision import for_inference, model_precision, precision_problem
 from finetune.__main__ import main
 from finetune.data import EncodedSplit, load_tokenizer
-from finetune.early_exit import make_rule, run_batch, run_full_model
-from finetune.early_exit.operating_point import choose_operating_point
 from finetune.model import load_finetuned
-from finetune.predict import EarlyExitClassifier
+from finetune.serve.early_exit import make_rule, run_batch, run_full_model
+from finetune.serve.early_exit.operating_point import choose_operating_point
+from finetune.serve.predict import EarlyExitClassifier
 from finetune.tasks import get_task, load_split
 
 

@@ -15,9 +15,9 @@ from transformers import pipeline
 from elasticbert import save_early_exit
 from finetune.__main__ import main
 from finetune.data import EncodedSplit, load_tokenizer
-from finetune.early_exit import make_rule, run_dataset
 from finetune.model import load_finetuned
-from finetune.predict import EarlyExitClassifier
+from finetune.serve.early_exit import make_rule, run_dataset
+from finetune.serve.predict import EarlyExitClassifier
 from finetune.tasks import get_task, load_split
 
 

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-import finetune.predict as predict_module
+import finetune.serve.loading as predict_module
 from common.errors import ConfigError
 from elasticbert import early_exit as engine
 from elasticbert import exit_setting
 from elasticbert.exit_setting import RULES, EarlyExitSetting, rule_names
 from finetune.__main__ import build_parser, main
-from finetune.early_exit import PREDICT_STRATEGIES, STRATEGIES, LearnedExitRule, default_sweep
-from finetune.early_exit.operating_point import OperatingPoint
+from finetune.serve.early_exit import PREDICT_STRATEGIES, STRATEGIES, LearnedExitRule, default_sweep
+from finetune.serve.early_exit.operating_point import OperatingPoint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,10 +41,10 @@ def test_every_strategy_a_command_accepts_is_in_the_one_table():
 
 def test_lte_is_registered_by_fine_tuning_not_rewrapped():
     lte = RULES["lte"]
-    assert lte.side_model and lte.build.__module__ == "finetune.early_exit.rules"
+    assert lte.side_model and lte.build.__module__ == "finetune.serve.early_exit.rules"
     assert "lte" not in rule_names(configurable=True)  # a config.json cannot carry its head
     assert all(RULES[n].build.__module__ == "elasticbert.early_exit" for n in rule_names(configurable=True))
-    source = (ROOT / "finetune/early_exit/rules.py").read_text(encoding="utf-8")
+    source = (ROOT / "finetune/serve/early_exit/rules.py").read_text(encoding="utf-8")
     for duplicate in ("THRESHOLD_RANGES", "def threshold_problem", "def check_strategy", "CLASSIFICATION_ONLY"):
         assert duplicate not in source
     with pytest.raises(ConfigError, match="strategy 'lte' cannot be saved in a config"):
@@ -62,7 +62,7 @@ def test_plots_is_below_early_exit():
     imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     assert not [m for m in imported if "early_exit" in m]
-    code = "import sys, finetune.plots; print(any(m.startswith('finetune.early_exit') for m in sys.modules))"
+    code = "import sys, finetune.plots; print(any(m.startswith('finetune.serve.early_exit') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -80,7 +80,7 @@ def test_plots_is_below_early_exit():
     ],
 )
 def test_each_message_is_written_once(message):
-    files = [*ROOT.glob("elasticbert/*.py"), *ROOT.glob("finetune/*.py"), *ROOT.glob("finetune/early_exit/*.py")]
+    files = [*ROOT.glob("elasticbert/*.py"), *ROOT.glob("finetune/*.py"), *ROOT.glob("finetune/serve/early_exit/*.py")]
     written = [p for p in files if any(message in s for s in _strings(p))]
     assert len(written) == 1 and sum(s.count(message) for s in _strings(written[0])) == 1, (message, written)
 

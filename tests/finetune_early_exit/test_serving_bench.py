@@ -53,7 +53,7 @@ def test_queued_gpu_bench_runs_on_the_cpu_at_toy_size():
 def test_int8_batch_invariance_bench_smoke(saved_model, tmp_path):
     """The per-token int8 piece of an export answers an input alone as inside its batch; `quantize_dynamic`'s piece,
     rebuilt beside it, does not (its scale spans the batch); both stay near fp32."""
-    from finetune.onnx_export import export_onnx
+    from finetune.serve.onnx_export import export_onnx
 
     export = tmp_path / "export"
     export_onnx(saved_model, export, max_length=128)

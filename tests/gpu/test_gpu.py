@@ -165,7 +165,7 @@ def test_the_export_loads(device, trained, tmp_path):
 
 def test_early_exit_agrees_between_cpu_and_gpu(device):
     from elasticbert import ElasticBertConfig, ElasticBertForSequenceClassification
-    from finetune.early_exit import make_rule, run_batch
+    from finetune.serve.early_exit import make_rule, run_batch
 
     torch.manual_seed(0)
     cfg = ElasticBertConfig(

@@ -13,8 +13,8 @@ import pytest
 from common.ds_config import REPO_ROOT, load_ds_json, resolve_ds_path
 from common.errors import ConfigError
 from finetune.config import from_shortcuts
-from finetune.methods import ds_config as finetune_ds_config
-from finetune.trainer import run_training
+from finetune.train.methods import ds_config as finetune_ds_config
+from finetune.train.trainer import run_training
 from pretrain.__main__ import main as pretrain_main
 from pretrain.config import load_config
 from pretrain.ds_config import fill_ds_config

@@ -227,8 +227,8 @@ def test_deepspeeds_own_parser_refused_the_hopper_images_list_and_takes_ours(mon
 
 
 def test_finetunings_gpu_lines(tmp_path, monkeypatch):
-    from finetune.checkpoint import rng_states, set_rng_states
     from finetune.model import resolve_device
+    from finetune.train.checkpoint import rng_states, set_rng_states
 
     fake = fake_cuda(monkeypatch, tmp_path, "a100", count=4)
     assert resolve_device("auto", 6) == torch.device("cuda", 2) and resolve_device("cuda", 1) == torch.device("cuda", 1)
@@ -260,7 +260,7 @@ ANCHORS = [
     ("pretrain/startup.py", "set_op_build_arch()  #"),
     ("pretrain/ds_runtime.py", "capabilities = [torch.cuda.get_device_capability(i)"),
     ("finetune/model.py", 'return torch.device("cuda"'),
-    ("finetune/checkpoint.py", 'torch.cuda.set_rng_state_all(states["cuda"])'),
+    ("finetune/train/checkpoint.py", 'torch.cuda.set_rng_state_all(states["cuda"])'),
     ("elasticbert/layer_runner.py", "self.graph = torch.cuda.CUDAGraph()"),
     ("elasticbert/layer_runner.py", "return GraphedLayers(model)"),
 ]
@@ -343,8 +343,8 @@ def scenario(tmp_path: Path, corpus: Path, monkeypatch: Any, kind: str | None) -
     engine, fine-tuning's device and RNG states."""
     import deepspeed.ops.op_builder as op_builder
 
-    from finetune.checkpoint import rng_states, set_rng_states
     from finetune.model import resolve_device
+    from finetune.train.checkpoint import rng_states, set_rng_states
     from pretrain.data import train_loader
     from pretrain.trainer import Trainer
 

@@ -70,7 +70,7 @@ def state_digest(model: torch.nn.Module) -> str:
 def record_phase_ends(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     """(phase, digest of the weights) at the end of each phase, before its best weights are restored: what the
     last steps of a phase made, which best/ alone would not show when an earlier evaluation was the best."""
-    from finetune.trainer import Trainer
+    from finetune.train.trainer import Trainer
 
     seen: list[tuple[str, str]] = []
     original = Trainer.end_phase
@@ -85,7 +85,7 @@ def record_phase_ends(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
 
 def signal_after_step(monkeypatch: pytest.MonkeyPatch, step: int, sig: int = signal.SIGTERM, rank: int = 0) -> None:
     """Send `sig` to this process right after its optimizer step `step` (counted over the run) on `rank`."""
-    from finetune.trainer import Trainer
+    from finetune.train.trainer import Trainer
 
     original = Trainer.train_step
 

@@ -1,0 +1,269 @@
+"""`finetune export --layout onnx`: a fine-tuned multi-exit model as ONNX pieces that early exit can stop between.
+
+Data-dependent exits do not trace into one graph, so the model is written as the engine's units of work, one *step*
+per layer (`elasticbert.layer_runner`): layer i, with the embeddings folded in ahead of the first layer and the exit
+head on top of every layer that has one, each its own ONNX graph (opset 17) with dynamic batch and length axes — one
+ONNX Runtime session run per layer call (format 1 ran three kinds of piece: embeddings, layer, exit head). The exit
+runs on the first `exit_rows` rows of the call: all of them when the engine asks for the exit, none when it does not
+(the full model, a restricted exit set: an empty head costs its op overheads only), so a run's FLOPs are what the
+torch engine counts. Each step is written twice: fp32, and int8 (`per_token_int8`, on the layer's matmuls only:
+per-channel symmetric int8 weights; activations quantized per call with one scale per token, so an input's result
+does not depend on the inputs batched with it — `onnxruntime.quantization.quantize_dynamic`'s one scale per tensor
+made the serving bench's thresholds move with the batching; per token costs 8-10 % per layer,
+bench/int8_batch_invariance.py). Embeddings and exit heads stay fp32 at both precisions, as in torch's int8 (the
+heads are ~1 % of the FLOPs and where the exit decisions are made). The traced pieces are joined into steps by
+`onnx_graphs`; the word-embedding table, the bulk of a small model, is stored once (`onnx/word_embeddings.bin`,
+external data both first steps read).
+
+    OUTPUT/
+      config.json          the model's config (exit layers, labels, the saved early-exit setting), sealed
+      vocab.txt, tokenizer.json, ...                   the tokenizer files
+      onnx/manifest.json   format 2, steps per precision and the exit each carries, max_length, opset, the source
+      onnx/step_{i}.onnx, onnx/step_{i}.int8.onnx, onnx/word_embeddings.bin
+      checksums.json       every file's sha256 (`common.integrity.seal`)
+
+`finetune.serve.onnx_runtime.OnnxLayers` serves it (`EarlyExitClassifier.from_pretrained(OUTPUT,
+runtime="onnxruntime")`, `predict --runtime onnxruntime`) and refuses a format-1 export, naming the command that
+re-exports it. Exporting needs `torch`, `onnx` and `onnxruntime` (the `export` extra); serving needs `onnxruntime` (the
+`serve` extra).
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from common.errors import ConfigError
+from common.integrity import seal
+from common.io import atomic_path, atomic_write_json, make_dirs, removed_on_failure
+from common.outputs import ONNX_EXPORT, Output, check_output
+from common.run_dir import describe_write_error
+from elasticbert.exit_setting import EarlyExitSetting
+from elasticbert.fnlp_export import copy_tokenizer_files
+from elasticbert.loading import read_config
+
+from ..model import load_finetuned
+from .onnx_graphs import exit_on_rows, externalize, join, rename_output
+
+ONNX_DIR = "onnx"
+MANIFEST = f"{ONNX_DIR}/manifest.json"
+FORMAT = "elasticbert-onnx-early-exit/2"
+OLD_FORMATS = {"elasticbert-onnx-early-exit/1": "one piece per layer and per exit head, the embeddings apart"}
+ONNX_OUTPUT = Output(
+    "export --layout onnx",
+    "an ONNX early-exit export",
+    folder=True,
+    whole=True,
+    own=lambda path: (path / MANIFEST).is_file(),
+    accepts=(ONNX_EXPORT,),
+)
+OPSET = 17
+INT8_SCHEME = "per-token symmetric activations (uint8, zero point 128), per-channel symmetric int8 weights"
+WORD_EMBEDDINGS = "word_embeddings.bin"  # the step-0 pieces' shared vocabulary table (external data, beside them)
+WORD_EMBEDDINGS_WEIGHT = "embeddings.word_embeddings.weight"
+
+
+def step_file(index: int, precision: str) -> str:
+    return f"{ONNX_DIR}/step_{index}.onnx" if precision == "fp32" else f"{ONNX_DIR}/step_{index}.{precision}.onnx"
+
+
+class _Embeddings(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.embeddings = model.elasticbert.embeddings
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        return self.embeddings(input_ids, token_type_ids, None)
+
+
+class _Layer(nn.Module):
+    def __init__(self, model: nn.Module, index: int) -> None:
+        super().__init__()
+        self.model, self.index = model, index
+
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.model.elasticbert.encoder.run_layer(self.index, hidden, mask[:, None, None, :].bool())
+
+
+class _Exit(nn.Module):
+    def __init__(self, model: nn.Module, layer: int) -> None:
+        super().__init__()
+        self.model, self.layer = model, layer
+
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.classify(self.layer, hidden, mask)
+
+
+def _export(module: nn.Module, example: tuple, inputs: list[str], outputs: list[str]) -> Any:
+    """`module` traced to ONNX (opset 17, dynamic batch and length axes), as an `onnx.ModelProto`."""
+    import onnx
+
+    axes = {name: {0: "batch", 1: "length"} for name in inputs}
+    axes.update({name: {0: "batch", 1: "length"} for name in outputs if name == "hidden_out"})
+    axes.update({name: {0: "batch"} for name in outputs if name in ("representation", "logits")})
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():  # the TorchScript exporter's deprecation notes; it is what traces these blocks
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module.eval(),
+            example,
+            buffer,
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_axes=axes,
+            opset_version=OPSET,
+            dynamo=False,
+        )
+    return onnx.load_from_string(buffer.getvalue())
+
+
+def per_token_int8(model: Any) -> Any:
+    """`model` (an fp32 `onnx.ModelProto`) with every MatMul by a constant weight computed in int8: the weight
+    per-channel symmetric (its fp32 copy dropped), the activations quantized per call with one symmetric scale per
+    token (row of the last axis: max |x| / 127, as uint8 with zero point 128), the int32 product scaled back by the
+    weight's then the token's scale. One quantization per distinct input (query, key and value share theirs).
+
+    Standard ops only (ONNX Runtime has no fused per-row kernel). The weight scale is applied before the token's on
+    purpose: multiplying the two scales first lets ONNX Runtime's ORT_ENABLE_EXTENDED fusion turn MatMulInteger → Cast
+    → Mul into MatMulIntegerToFloat, which reads that product as a per-tensor / per-column scale (1.32: max error 4.4
+    on a 384 → 1536 linear)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    weights = {init.name: init for init in model.graph.initializer}
+    constants = {
+        "pt_127": np.float32(127),
+        "pt_eps": np.float32(1e-12),
+        "pt_one": np.float32(1),
+        "pt_zp": np.uint8(128),
+    }
+    extra = [numpy_helper.from_array(np.array(value), name) for name, value in constants.items()]
+    nodes, quantized, replaced = [], {}, set()
+    for node in model.graph.node:
+        if node.op_type != "MatMul" or node.input[1] not in weights:
+            nodes.append(node)
+            continue
+        x, w = node.input
+        if x not in quantized:
+            scale = quantized[x] = f"{x}/token_scale"
+            nodes += [
+                helper.make_node("Abs", [x], [f"{x}/abs"]),
+                helper.make_node("ReduceMax", [f"{x}/abs"], [f"{x}/absmax"], axes=[-1], keepdims=1),
+                helper.make_node("Max", [f"{x}/absmax", "pt_eps"], [f"{x}/absmax_eps"]),
+                helper.make_node("Div", [f"{x}/absmax_eps", "pt_127"], [scale]),
+                helper.make_node("Div", [x, scale], [f"{x}/scaled"]),
+                helper.make_node("QuantizeLinear", [f"{x}/scaled", "pt_one", "pt_zp"], [f"{x}/uint8"]),
+            ]
+        weight = numpy_helper.to_array(weights[w]).astype(np.float32)
+        weight_scale = (np.maximum(np.abs(weight).max(axis=0), 1e-12) / 127).astype(np.float32)
+        extra += [
+            numpy_helper.from_array(np.round(weight / weight_scale).astype(np.int8), f"{w}/int8"),
+            numpy_helper.from_array(weight_scale, f"{w}/scale"),
+            numpy_helper.from_array(np.zeros(weight.shape[1], np.int8), f"{w}/zero_point"),
+        ]
+        replaced.add(w)
+        out = node.output[0]
+        nodes += [
+            helper.make_node(
+                "MatMulInteger", [f"{x}/uint8", f"{w}/int8", "pt_zp", f"{w}/zero_point"], [f"{out}/int32"]
+            ),
+            helper.make_node("Cast", [f"{out}/int32"], [f"{out}/float"], to=onnx.TensorProto.FLOAT),
+            helper.make_node("Mul", [f"{out}/float", f"{w}/scale"], [f"{out}/by_weight"]),
+            helper.make_node("Mul", [f"{out}/by_weight", quantized[x]], [out]),
+        ]
+    still_used = {name for node in nodes for name in node.input}
+    kept = [init for init in model.graph.initializer if init.name not in replaced or init.name in still_used]
+    graph = helper.make_graph(nodes, model.graph.name, model.graph.input, model.graph.output, kept + extra)
+    quantized_model = helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
+    onnx.checker.check_model(quantized_model)
+    return quantized_model
+
+
+def write_pieces(model: nn.Module, directory: Path) -> dict:
+    """The ONNX steps of `model` under `directory/onnx`, one per layer and precision: [embeddings →] layer → [exit];
+    returns the manifest's `pieces`."""
+    try:
+        import onnx
+    except ImportError as err:
+        raise ConfigError("export --layout onnx needs onnx and onnxruntime: pip install '.[export]'") from err
+    make_dirs(directory / ONNX_DIR)
+    ids = torch.ones(2, 8, dtype=torch.long)
+    hidden = torch.randn(2, 8, model.config.hidden_size)
+    embeddings = rename_output(
+        _export(_Embeddings(model), (ids, ids * 0), ["input_ids", "token_type_ids"], ["hidden_out"]),
+        "hidden_out",
+        "embedded",
+    )
+    layers, exits = model.exit_layers[-1], set(model.exit_layers)
+    pieces: dict = {"steps": {"fp32": [], "int8": []}, "step_exits": [], "shared": [f"{ONNX_DIR}/{WORD_EMBEDDINGS}"]}
+    for index in range(layers):
+        layer = _export(_Layer(model, index), (hidden, ids), ["hidden", "mask"], ["hidden_out"])
+        exit_head = None
+        if index + 1 in exits:
+            outputs = ["representation", "logits"]
+            exit_head = exit_on_rows(_export(_Exit(model, index + 1), (hidden, ids), ["hidden", "mask"], outputs))
+        for precision, graph in (("fp32", layer), ("int8", per_token_int8(layer))):
+            step = _step(embeddings if index == 0 else None, graph, exit_head, last=index + 1 == layers)
+            if index == 0:
+                table = externalize(step, WORD_EMBEDDINGS_WEIGHT, WORD_EMBEDDINGS)
+                if precision == "fp32":
+                    (directory / ONNX_DIR / WORD_EMBEDDINGS).write_bytes(table)
+            onnx.save(step, str(directory / step_file(index, precision)))
+            pieces["steps"][precision].append(step_file(index, precision))
+        pieces["step_exits"].append(index + 1 if exit_head is not None else None)
+    return pieces
+
+
+def _step(embeddings: Any, layer: Any, exit_head: Any, last: bool) -> Any:
+    """One layer call as one graph: the embeddings ahead of the first layer, the exit head on top of a layer that
+    has one; outputs the layer's hidden states (but after the last layer), the exit's representation and logits."""
+    step = layer
+    if embeddings is not None:
+        step = join(embeddings, step, "layer/", {"hidden": "embedded", "mask": "mask"}, ["hidden_out"])
+    if exit_head is not None:
+        outputs = ["representation", "logits"] if last else ["hidden_out", "representation", "logits"]
+        step = join(step, exit_head, "exit/", {"hidden": "hidden_out", "mask": "mask"}, outputs)
+    return step
+
+
+def export_onnx(model_dir: str | Path, output: str | Path, *, max_length: int, overwrite: bool = False) -> dict:
+    """Write `model_dir` (a fine-tuned RUN/best, typically after `save-early-exit`) as ONNX pieces at `output`, whole
+    or not at all (written beside it, renamed, sealed). Returns the manifest."""
+    output = check_output(output, ONNX_OUTPUT, [("--model", model_dir)], overwrite)
+    directory = Path(model_dir)
+    raw = read_config(directory)
+    if raw.get("early_exit") is not None:  # a saved setting must be one a config can carry, before any work
+        EarlyExitSetting.from_dict(raw["early_exit"], source=f"{directory / 'config.json'}: early_exit")
+    model = load_finetuned(directory, require_trained=True, purpose="an early-exit export").eval()
+    manifest = {
+        "format": FORMAT,
+        "opset": OPSET,
+        "source": str(directory),
+        "exit_layers": list(model.exit_layers),
+        "exit_type": model.config.exit_type,
+        "max_length": int(max_length),
+        "precisions": ["fp32", "int8"],
+        "int8": INT8_SCHEME,
+        "steps": "one per layer: [embeddings ->] layer -> [exit]; inputs (input_ids, token_type_ids | hidden), mask "
+        "[, exit_rows]; outputs [hidden_out], [representation, logits]",
+    }
+    try:
+        with removed_on_failure(output.parent) as parent:
+            make_dirs(parent)
+            with atomic_path(output) as tmp:
+                with torch.inference_mode(False), torch.no_grad():
+                    manifest["pieces"] = write_pieces(model, tmp)
+                atomic_write_json(tmp / MANIFEST, manifest)
+                shutil.copy2(directory / "config.json", tmp / "config.json")
+                copy_tokenizer_files(directory, tmp)
+                seal(tmp)
+    except OSError as err:
+        raise ConfigError(f"{output}: cannot write the export ({describe_write_error(err)}); nothing was kept") from err
+    return manifest
