@@ -15,7 +15,7 @@
 - A field left "auto" that the run config cannot fill is refused (`DsFill.done`).
 
 The trainers' own parts (pre-training: precision sections, ZeRO stage overrides; fine-tuning: fp32) stay with them:
-`pretrain.ds_config.fill_ds_config`, `finetune.trainer.fill_finetune_ds_config`.
+`pretrain.ds_config.fill_ds_config`, `finetune.train.trainer.fill_finetune_ds_config`.
 """
 
 from __future__ import annotations

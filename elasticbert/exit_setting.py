@@ -2,7 +2,7 @@
 
 Pure data, no torch. `RULES` is the one table of exit rules: each `Rule` names itself, its threshold's range, its
 factory, whether it reads class probabilities and what side model it needs. `early_exit` registers the rules that
-need no trained side model - a config can carry those - and `finetune.early_exit.rules` registers BERxiT's learned
+need no trained side model - a config can carry those - and `finetune.serve.early_exit.rules` registers BERxiT's learned
 exit head (``lte``); every strategy list, range check and factory call reads this table:
 
 - ``entropy`` (DeeBERT): exit when the entropy of the exit's softmax (nats) < τ;

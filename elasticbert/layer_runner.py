@@ -3,7 +3,7 @@
 A step is the engine's unit of work: layer `index` (0-based) on a batch of rows, preceded by the embeddings when
 `index` is 0 (the rows arrive as token ids) and followed by the exit head on top of the layer when the engine asks for
 it (`with_exit`). One call per layer is what the ONNX Runtime runner needs (one session run per layer, the exit fused
-in: `finetune.onnx_runtime.OnnxLayers`) and what a CUDA graph captures (`GraphedLayers`).
+in: `finetune.serve.onnx_runtime.OnnxLayers`) and what a CUDA graph captures (`GraphedLayers`).
 
 - `LayerRunner`: the interface, with a generic `step` made of four primitives (`embed`, `run_layer`, `classify`) that
   a runner may implement instead;
