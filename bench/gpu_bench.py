@@ -144,29 +144,12 @@ def pretrain_step(device: str, seq: int, groups: int, quick: bool, compiled: boo
 
 def early_exit_ratios(device: str, quick: bool) -> list[dict]:
     """Wall ÷ FLOPs speed-up of the entropy rule at ≈ 1.5/2/3× fewer FLOPs, batch 1 and 32."""
-    from elasticbert import ElasticBertForSequenceClassification
     from elasticbert.flops import sample_flops
     from finetune.serve.early_exit import make_rule, per_sample_flops, run_batch
 
-    hidden, layers, heads, n = (64, 6, 2, 64) if quick else (768, 6, 12, 512)
-    cfg = ElasticBertConfig(
-        vocab_size=30522,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=4 * hidden,
-        num_labels=2,
-        exit_layers=list(range(1, layers + 1)),
-        exit_type="mha",
-    )
-    torch.manual_seed(0)
-    model = ElasticBertForSequenceClassification(cfg).eval().to(device)
-    with torch.no_grad():
-        for param in model.exits.parameters():
-            param.normal_(0.0, 0.6)
-    lengths = torch.randint(16, 128, (n,))
-    ids = torch.randint(1000, 30522, (n, 128)) * (torch.arange(128)[None] < lengths[:, None])
-    mask = (ids != 0).long()
+    n = 64 if quick else 512
+    model, ids, mask, lengths = queued_gpu.bench_classifier(device, quick, n)
+    cfg, layers = model.config, model.config.num_hidden_layers
     full = sum(sample_flops(cfg, int(m), layers).total for m in lengths)
 
     def run(rule: object, batch: int) -> tuple[float, float]:

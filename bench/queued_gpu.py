@@ -33,10 +33,13 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _model(device: str, quick: bool) -> tuple:
+def bench_classifier(device: str, quick: bool, n: int | None = None) -> tuple:
+    """(model, ids, mask, lengths): the early-exit benches' classifier — base size (toy when `quick`), six MHA exits
+    whose heads are scaled up so that the entropy rule spreads rows over the exits — and `n` inputs of 16-127 tokens."""
     from elasticbert import ElasticBertConfig, ElasticBertForSequenceClassification
 
-    hidden, layers, heads, n = (64, 6, 2, 48) if quick else (768, 6, 12, 512)
+    hidden, layers, heads, default_n = (64, 6, 2, 48) if quick else (768, 6, 12, 512)
+    n = n or default_n
     config = ElasticBertConfig(
         vocab_size=30522,
         hidden_size=hidden,
@@ -115,7 +118,7 @@ def queued_early_exit_ratios(device: str, quick: bool) -> list[dict]:
     from elasticbert.early_exit import make_rule
     from elasticbert.flops import sample_flops
 
-    model, ids, mask, lengths = _model(device, quick)
+    model, ids, mask, lengths = bench_classifier(device, quick)
     full_flops = sum(sample_flops(model.config, int(m), model.exit_layers[-1]).total for m in lengths)
     rows = []
     for batch in (1, 32):

@@ -4,8 +4,8 @@ EXIT_PREEMPTED (75, EX_TEMPFAIL). SIGINT is not one of them: Ctrl-C stays an int
 
 Slurm sends SIGTERM before it kills a preempted or timed-out job (SIGUSR1 with `--signal=B:USR1@SECONDS`, forwarded
 to the job step by slurm/common.sh); the batch script requeues on EXIT_PREEMPTED and the next start of the same
-command resumes. The trainers differ only in what they save (pretrain.checkpointer, finetune.train.checkpoint) and in how
-the ranks vote (pretrain: inside the step's statistics all-reduce; finetune: `finetune.train.checkpoint.agreed`).
+command resumes. The trainers differ only in what they save (pretrain.checkpointer, finetune.train.checkpoint) and in
+how the ranks vote (pretrain: inside the step's statistics all-reduce; finetune: `finetune.train.checkpoint.agreed`).
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 `ElasticBertForSequenceClassification.forward` runs the engine when its config carries an early-exit setting
 (`config.early_exit`, see `exit_setting`), so `transformers.pipeline("text-classification")` exits early with no
-code of ours; `finetune.serve.early_exit` re-exports it and adds BERxiT's learned exit head, sweeps and the `early-exit`
-command; `finetune.serve.predict` serves it. One engine serves all of them: `exit_queues.ExitQueues` (one queue per layer,
-so that every layer call runs a full batch; `run_batch` is it on one batch) over a `layer_runner.LayerRunner`
-(eager torch, CUDA graphs, or `finetune.serve.onnx_runtime.OnnxLayers`), all re-exported here.
+code of ours; `finetune.serve.early_exit` re-exports it and adds BERxiT's learned exit head, sweeps and the
+`early-exit` command; `finetune.serve.predict` serves it. One engine serves all of them: `exit_queues.ExitQueues` (one
+queue per layer, so that every layer call runs a full batch; `run_batch` is it on one batch) over a
+`layer_runner.LayerRunner` (eager torch, CUDA graphs, or `finetune.serve.onnx_runtime.OnnxLayers`), all
+re-exported here.
 
 Rules (one threshold τ each), registered below in `exit_setting.RULES`, the one rule table, with their threshold
 ranges (see `exit_setting` for those and for the thresholds at which a rule no longer depends on its input, which
