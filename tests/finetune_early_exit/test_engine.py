@@ -5,6 +5,7 @@ import re
 
 import pytest
 import torch
+from thresholds import threshold_in_widest_gap
 
 from common.errors import ConfigError
 from finetune.model import exit_logits
@@ -28,17 +29,6 @@ def _exit_outputs(model, split):
     return torch.stack(out.representations, 1), torch.stack(exit_logits(out), 1)  # [N, E, d], [N, E, K]
 
 
-def _gap_threshold(values):
-    """A threshold in the widest gap among the middle values: far from every observed value, so that the float noise
-    between padded and unpadded runs cannot flip a decision, and with samples on both sides."""
-    v = torch.sort(values.flatten().float()).values
-    lo, hi = int(0.25 * len(v)), int(0.75 * len(v))
-    gaps = v[lo + 1 : hi + 1] - v[lo:hi]
-    i = int(gaps.argmax())
-    assert gaps[i] > 1e-4, "no usable gap between observed values"
-    return float((v[lo + i] + v[lo + i + 1]) / 2)
-
-
 def _lte_head(dim, seed=0):
     g = torch.Generator().manual_seed(seed)
     head = LearnedExitHead(dim)
@@ -53,16 +43,18 @@ def _rule_for(strategy, model, split, regression=False):
     reps, logits = _exit_outputs(model, split)
     inner = logits[:, :-1]  # the last exit always takes everyone left
     if strategy == "entropy":
-        return make_rule("entropy", _gap_threshold(entropy_nats(inner)), 2)
+        return make_rule("entropy", threshold_in_widest_gap(entropy_nats(inner), min_gap=1e-4), 2)
     if strategy == "maxprob":
-        return make_rule("maxprob", _gap_threshold(torch.softmax(inner, -1).amax(-1)), 2)
+        return make_rule("maxprob", threshold_in_widest_gap(torch.softmax(inner, -1).amax(-1), min_gap=1e-4), 2)
     if strategy == "pcee":
-        return make_rule("pcee", _gap_threshold(entropy_nats(inner) / math.log(2)), 2, patience=2)
+        return make_rule(
+            "pcee", threshold_in_widest_gap(entropy_nats(inner) / math.log(2), min_gap=1e-4), 2, patience=2
+        )
     if strategy == "patience" and not regression:
         return make_rule("patience", 1, 2)
     if strategy == "patience":
         deltas = (logits[:, 1:, 0] - logits[:, :-1, 0]).abs()
-        return make_rule("patience", 1, 1, delta=_gap_threshold(deltas))
+        return make_rule("patience", 1, 1, delta=threshold_in_widest_gap(deltas, min_gap=1e-4))
     if strategy == "lte":  # one head shares all exits, so its per-layer offsets dominate: split at the first exit
         head = _lte_head(reps.shape[-1])
         with torch.no_grad():  # centred and scaled on the first exit's representations, as the fixture's heads
@@ -70,7 +62,7 @@ def _rule_for(strategy, model, split, regression=False):
             head.linear.weight.div_((first @ head.linear.weight.T).std() / 2)
             head.linear.bias.fill_(-float((first @ head.linear.weight.T).mean()))
             errors = head(first)
-        return make_rule("lte", _gap_threshold(errors), model.config.num_labels, lte_head=head)
+        return make_rule("lte", threshold_in_widest_gap(errors, min_gap=1e-4), model.config.num_labels, lte_head=head)
     raise AssertionError(strategy)
 
 

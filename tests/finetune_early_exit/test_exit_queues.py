@@ -10,20 +10,13 @@ import math
 
 import pytest
 import torch
+from thresholds import threshold_in_widest_gap
 
 from elasticbert.early_exit import GraphedLayers, TorchLayers, entropy_nats, make_rule, per_sample_flops, run_batch
 from elasticbert.exit_queues import ExitQueues, _nearest
 from elasticbert.layer_runner import LayerRunner
 from finetune.model import exit_logits
 from finetune.serve.inputs import TextInput
-
-
-def _gap(values):
-    values = torch.sort(values.flatten()).values
-    lo, hi = len(values) // 4, 3 * len(values) // 4
-    gaps = values[lo + 1 : hi + 1] - values[lo:hi]
-    i = lo + int(gaps.argmax())
-    return round(float(values[i] + values[i + 1]) / 2, 6)
 
 
 def _rules(model, split):
@@ -36,10 +29,10 @@ def _rules(model, split):
     entropy = entropy_nats(first)
     both = torch.maximum(entropy, entropy_nats(logits[1])) / math.log(2)  # PCEE at patience 2: confident twice
     return {
-        "entropy": make_rule("entropy", _gap(entropy), 2),
-        "maxprob": make_rule("maxprob", _gap(torch.softmax(first, -1).amax(-1)), 2),
+        "entropy": make_rule("entropy", threshold_in_widest_gap(entropy), 2),
+        "maxprob": make_rule("maxprob", threshold_in_widest_gap(torch.softmax(first, -1).amax(-1)), 2),
         "patience": make_rule("patience", 1, 2),
-        "pcee": make_rule("pcee", _gap(both), 2, patience=2),
+        "pcee": make_rule("pcee", threshold_in_widest_gap(both), 2, patience=2),
     }
 
 

@@ -15,6 +15,8 @@ import torch
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
+from thresholds import threshold_in_widest_gap  # noqa: E402
+
 from common.errors import ConfigError, UserError  # noqa: E402
 from elasticbert import save_early_exit  # noqa: E402
 from elasticbert.early_exit import EarlyExitSetting, entropy_nats, make_rule, run_batch  # noqa: E402
@@ -35,15 +37,6 @@ def exported(models):
     return models["linear"][1]
 
 
-def _gap(values):
-    """A threshold in the widest gap of the middle half of `values`: no float noise can move a value across it."""
-    values = torch.sort(values.flatten()).values
-    lo, hi = len(values) // 4, 3 * len(values) // 4
-    gaps = values[lo + 1 : hi + 1] - values[lo:hi]
-    i = lo + int(gaps.argmax())
-    return round(float(values[i] + values[i + 1]) / 2, 6)
-
-
 def _rules(model, split):
     """A factory per rule, each at a threshold where samples leave at several exits."""
     with torch.inference_mode():
@@ -55,8 +48,12 @@ def _rules(model, split):
     torch.nn.init.normal_(head.linear.weight, std=0.5)
     with torch.inference_mode():
         lte = head(reps)
-    tau = {"entropy": _gap(entropy), "pcee": _gap(entropy / math.log(2)), "lte": _gap(lte)}
-    tau["maxprob"] = _gap(torch.softmax(logits, -1).amax(-1))
+    tau = {
+        "entropy": threshold_in_widest_gap(entropy),
+        "pcee": threshold_in_widest_gap(entropy / math.log(2)),
+        "lte": threshold_in_widest_gap(lte),
+    }
+    tau["maxprob"] = threshold_in_widest_gap(torch.softmax(logits, -1).amax(-1))
     return {
         "entropy": lambda: make_rule("entropy", tau["entropy"], 2),
         "maxprob": lambda: make_rule("maxprob", tau["maxprob"], 2),

@@ -20,6 +20,7 @@ import pytest
 import torch
 from fake_cuda import CU130_ARCHES, GPUS, fake_cuda
 from pretrain_testlib import REPO, TINY
+from tiny_models import tiny_config
 
 from common.errors import ConfigError
 from common.torch_build import DRIVER_UNKNOWN, TorchBuildError
@@ -413,19 +414,11 @@ def graphed_serving_step(monkeypatch: Any) -> None:
     """A serving classifier on the (fake) GPU: `serving_runner` picks `GraphedLayers`, whose first call of a shape
     captures a CUDA graph (the fake runs the capture eagerly, on the CPU's kernels) and answers as the eager step; the
     next call of that shape replays the graph."""
-    from elasticbert import ElasticBertConfig, ElasticBertForSequenceClassification
+    from elasticbert import ElasticBertForSequenceClassification
     from elasticbert.layer_runner import GraphedLayers, TorchLayers, serving_runner
 
     torch.manual_seed(0)
-    config = ElasticBertConfig(
-        vocab_size=99,
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=32,
-        exit_layers=[1, 2],
-    )
-    model = ElasticBertForSequenceClassification(config).eval()
+    model = ElasticBertForSequenceClassification(tiny_config(num_hidden_layers=2, exit_layers=[1, 2])).eval()
     ids = torch.randint(5, 99, (3, 7))
     mask = torch.ones_like(ids)
     mask[2, 4:] = 0
