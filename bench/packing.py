@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from elasticbert import ElasticBertConfig, ElasticBertForPreTraining, exit_groups, minilm_dir  # noqa: E402
-from pretrain.collation import collate, pack, pack_rows  # noqa: E402
+from pretrain.collation import collate, pack, pack_rows, row_plan  # noqa: E402
 
 SHARED = Path("/work/shared/data/corpus")
 VOCAB = 30522
@@ -97,7 +97,7 @@ def row_lower_bound(lengths: list[int], capacity: int) -> int:
 
 def padding_figures(batches: list[list[dict]], seq: int) -> dict:
     """Padding before/after, rows, the rows' lower bound, and collation times per micro-batch (fastest of 3)."""
-    real = before = after = rows = bound = trainer = 0
+    real = before = after = rows = bound = trainer = full_width = 0
     collate_s, pack_s = [], []
     for items in batches:
         lengths = [len(it["input_ids"]) for it in items]
@@ -116,16 +116,20 @@ def padding_figures(batches: list[list[dict]], seq: int) -> dict:
         trainer += pack(items, capacity=seq)["input_ids"].numel()
         rows += packed["input_ids"].shape[0]
         bound += row_lower_bound(lengths, seq)
+        full_rows = pack_rows(lengths, seq)  # rows of max_length, as before the width search (`row_plan`)
+        full_fill = max(sum(lengths[i] for i in row) for row in full_rows)
+        full_width += len(full_rows) * min(-(-full_fill // 8) * 8, seq)
         collate_s.append(times["collate"][0])
         pack_s.append(times["pack"][0])
     t0 = time.perf_counter()
     for items in batches:
-        pack_rows([len(it["input_ids"]) for it in items], seq)
+        row_plan([len(it["input_ids"]) for it in items], seq)
     plan_s = (time.perf_counter() - t0) / len(batches)
     return {
         "padding_before": 1 - real / before,
         "padding_after": 1 - real / after,
         "padding_trainer": 1 - real / trainer,
+        "padding_full_width": 1 - real / full_width,
         "rows_per_micro": rows / len(batches),
         "rows_lower_bound_per_micro": bound / len(batches),
         "padding_at_bound": 1 - real / (bound * seq),
@@ -286,17 +290,22 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: the box is shared)")
     ap.add_argument("--books", type=int, default=12, help="Gutenberg books to tokenize")
     ap.add_argument("--json", type=Path, help="write the figures here")
+    ap.add_argument("--base-batches", type=int, default=2, help="base-width micro-batches timed (each way)")
+    ap.add_argument("--base-rounds", type=int, default=2, help="rounds over them (the fastest counts)")
+    ap.add_argument("--only", metavar="CORPUS:SEQ", help="one case, e.g. WikiText-2:512 (no fine-tuning table)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()
     stats_batches = 8 if args.quick else 64  # padding figures: cheap, so many micro-batches
-    timed = {"tiny": 2 if args.quick else 6, "base-width": 1 if args.quick else 2}
-    rounds = {"tiny": 2 if args.quick else 3, "base-width": 1 if args.quick else 2}
+    timed = {"tiny": 2 if args.quick else 6, "base-width": 1 if args.quick else args.base_batches}
+    rounds = {"tiny": 2 if args.quick else 3, "base-width": 1 if args.quick else args.base_rounds}
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         corpora = prepare(Path(tmp), 3 if args.quick else args.books)
         for corpus, path in corpora.items():
             for seq in (128, 512):
+                if args.only and args.only != f"{corpus}:{seq}":
+                    continue
                 batches, build_s = micro_batches(path, seq, args.micro, stats_batches)
                 row = {"corpus": corpus, "seq": seq, "micro": args.micro, "build_ms_per_sample": 1e3 * build_s}
                 row.update(padding_figures(batches, seq))
@@ -309,7 +318,11 @@ def main() -> None:
                     row["mask_overhead_base_width"] = mask_overhead(
                         batches[0], "base-width", seq, 1 if args.quick else 3
                     )
-    tasks = [finetune_throughput(SHARED.parent / "glue", t, 1 if args.quick else 2) for t in ("CoLA", "SST-2")]
+    tasks = (
+        []
+        if args.only
+        else [finetune_throughput(SHARED.parent / "glue", t, 1 if args.quick else 2) for t in ("CoLA", "SST-2")]
+    )
     report(results, tasks, args, load_start, os.getloadavg())
     if args.json:
         args.json.write_text(json.dumps({"pretrain": results, "finetune": tasks}, indent=1))
@@ -323,14 +336,15 @@ def report(
         f"start, {load_end[0]:.1f} at the end ({os.cpu_count()} cores, shared)\n"
     )
     print(
-        "| corpus | seq | mean sample | padding before → packed (at the rows' bound) | rows / micro (bound) "
-        "| padding as the trainer collates |"
+        "| corpus | seq | mean sample | padding before → packed | rows of max_length: padding (at the rows' bound) "
+        "| rows / micro (bound at max_length) | padding as the trainer collates |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for r in results:
         print(
             f"| {r['corpus']} | {r['seq']} | {r['mean_sample_tokens']:.0f} | {r['padding_before']:.1%} → "
-            f"{r['padding_after']:.1%} ({r['padding_at_bound']:.1%}) | {r['rows_per_micro']:.1f} "
+            f"{r['padding_after']:.1%} | {r['padding_full_width']:.1%} ({r['padding_at_bound']:.1%}) | "
+            f"{r['rows_per_micro']:.1f} "
             f"({r['rows_lower_bound_per_micro']:.1f}) | {r['padding_trainer']:.1%} |"
         )
     print("\n| corpus | seq | model | padded tok/s | packed tok/s | packed ÷ padded | goal | step padded / packed |")

@@ -97,7 +97,7 @@ class DataConfig:
     # Refuse a corpus whose manifest records more [UNK] than this fraction of its tokens (a vocabulary that does not
     # fit the text); None: data_prep's threshold (`common.vocab.DEFAULT_MAX_UNK_FRACTION`, 1 %); 1.0: never.
     max_unk_fraction: float | None = None
-    # Pack each micro-batch's samples several to a row of max_length (pretrain/README, "Packing"): the same samples,
+    # Pack each micro-batch's samples several to a row of <= max_length (pretrain/README, "Packing"): the same samples,
     # the same masks and the same losses as one sample per padded row (the paper's and BERT's way), without the
     # padding (38 % of the tokens of WikiText at 512 here). A departure in how the step is computed, not in what it
     # computes; false pads one sample per row. Not hashed: a resume may switch it.

@@ -17,7 +17,7 @@ from pretrain_testlib import TINY
 import elasticbert.backbone as backbone
 from data_prep.reader import PreparedCorpus
 from elasticbert import ElasticBertConfig, ElasticBertForPreTraining, exit_groups
-from pretrain.collation import IGNORE_INDEX, Collator, collate, pack, pack_rows
+from pretrain.collation import IGNORE_INDEX, Collator, collate, pack, pack_rows, row_plan
 from pretrain.config import RunConfig, config_problems, load_config
 from pretrain.data import (
     BlendedDataset,
@@ -83,6 +83,28 @@ def test_rows_hold_every_sample_once_within_capacity_deterministically():
     assert pack_rows([100, 28, 60, 40, 30, 40], 128) == [[0, 1], [2, 3], [4, 5]]  # longest first, best fit
     with pytest.raises(ValueError, match="sample 1 has 129 tokens"):
         pack_rows([5, 129], 128)
+
+
+def test_the_row_width_is_the_least_padded_one_from_the_longest_sample_to_capacity():
+    rng = np.random.default_rng(1)
+    for _ in range(100):
+        capacity = int(rng.choice([128, 512]))
+        lengths = rng.integers(1, capacity + 1, size=int(rng.integers(1, 48))).tolist()
+        rows, width = row_plan(lengths, capacity)
+        assert sorted(i for row in rows for i in row) == list(range(len(lengths)))
+        assert max(lengths) <= width <= capacity and (width % 8 == 0 or width == capacity)
+        assert all(sum(lengths[i] for i in row) <= width for row in rows)
+        assert (rows, width) == row_plan(list(lengths), capacity)
+        # never more tokens than rows of capacity (the plan before the width search), nor than any width tried
+        for tried in sorted({*range(-(-max(lengths) // 8) * 8, capacity + 1, 8), capacity}):
+            other = pack_rows(lengths, tried)
+            fill = max(sum(lengths[i] for i in row) for row in other)
+            assert len(rows) * width <= len(other) * min(-(-fill // 8) * 8, tried)
+    # three samples of 64: two rows of 128 hold them with 64 tokens of padding, three rows of 64 with none
+    assert row_plan([64, 64, 64], 128) == ([[0], [1], [2]], 64)
+    # the same tokens either way (no padding): the narrower rows, whose attention is cheaper
+    assert row_plan([64, 64, 64, 64], 128) == ([[0], [1], [2], [3]], 64)
+    assert row_plan([64, 64, 30, 34], 128) == ([[0], [1], [2, 3]], 64)
 
 
 def test_a_packed_batch_carries_each_sample_whole_in_batch_order(items):
