@@ -171,8 +171,8 @@ def pack(
     min_saving: float = PACKING_MIN_SAVING,
 ) -> dict[str, torch.Tensor]:
     """The samples of a micro-batch packed into rows of at most `capacity` tokens, as wide as `row_plan` finds least
-    padded; `collate`'s one sample per padded row instead when
-    packing would remove less than `min_saving` of its tokens. Per token, as `collate` gives them: input_ids,
+    padded; `collate`'s one sample per padded row instead when packing would remove less than `min_saving` of its
+    tokens. Per token, as `collate` gives them: input_ids,
     token_type_ids, mlm_labels, attention_mask (1 = a real token: the trainer's token and padding counts read it);
     and what keeps the samples apart: sample_ids (1 + the sample's place in the batch, 0 = padding), from which the
     model builds its block-diagonal attention mask and each sample's positions. Per sample, in batch order (the
