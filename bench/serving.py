@@ -198,6 +198,7 @@ def early_exit_runner(classifier: EarlyExitClassifier, inputs: list[TextInput], 
         stream.flush()
         collect()
         run.fill = stream.engine.fill()  # rows per layer call / B, for the report
+        run.steps = sum(stream.engine.steps) / max(sum(stream.engine.calls), 1)  # runner steps per layer call
         return labels, latency
 
     return run
@@ -317,7 +318,7 @@ def time_cell(run: dict[str, Run], batch: int, rounds: int, labels: np.ndarray) 
                     "accuracy": 100 * float((np.array(predictions) == labels).mean()),
                 }
                 if hasattr(serve, "fill"):
-                    best[name]["fill"] = serve.fill
+                    best[name]["fill"], best[name]["steps_per_call"] = serve.fill, serve.steps
         loads.append(os.getloadavg()[0])
     return {"configs": best, "load_average": loads}
 

@@ -38,10 +38,14 @@ def _task_lines(task: str, r: dict) -> list[str]:
     if any(v is not None for v in fills.values()):
         lines.append("")
         lines.append(
-            "Rows per layer call ÷ B (queued engine): "
+            "Rows per layer call ÷ B (queued engine), and the steps by length each call ran as on the CPU: "
             + "; ".join(
                 f"{k}: "
-                + ", ".join(f"{n} {row['fill']:.2f}" for n, row in r["cells"][k]["configs"].items() if "fill" in row)
+                + ", ".join(
+                    f"{n} {row['fill']:.2f} ({row.get('steps_per_call', 1.0):.1f} steps)"
+                    for n, row in r["cells"][k]["configs"].items()
+                    if "fill" in row
+                )
                 for k in keys
             )
         )

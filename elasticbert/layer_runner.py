@@ -12,6 +12,12 @@ in: `finetune.serve.onnx_runtime.OnnxLayers`) and what a CUDA graph captures (`G
   (layer, rows, length) bucket captured once as a CUDA graph and replayed (one launch per layer call instead of a
   few dozen). Elsewhere the same buckets run eagerly: the CPU tests exercise everything but the capture.
 
+Step cost: on a CPU a step's time follows its rows x padded length plus a fixed cost per call, and grows faster than
+its tokens past a few hundred of them (the activations leave the caches), so a batch of rows of mixed lengths runs
+faster as a few steps of rows of similar length than as one padded step. A CPU runner says so with its `step_cost`
+(`StepCost`) and the engine splits its layer calls accordingly (`elasticbert.exit_queues.length_groups`); a GPU
+runner has none: there a step of 4 rows costs what one of 32 does, and `GraphedLayers` replays fixed shapes.
+
 Masks: `mask` is the [B, T] 1/0 padding mask (right padding) on the runner's device; `padded` says whether any row is
 shorter than T. The engine knows it from the rows' lengths (kept on the host), so no runner needs to ask the device
 (`mask.all()` on a GPU is a host sync).
@@ -26,6 +32,21 @@ import torch
 from torch import nn
 
 EmbeddingInputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]  # input_ids, token_type_ids, position_ids
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """A CPU runner's step time, in tokens' worth: `call_tokens` per step (session run, kernel launches, Python)
+    plus one per row x padded length, up to `max_tokens` per step, past which a step runs slower per token (measured
+    per runner, one thread; see each runner's constant)."""
+
+    call_tokens: float
+    max_tokens: int
+
+
+# Eager torch on a CPU (one thread, MiniLM-size layers, fp32 and dynamic int8): ~0.25 ms of Python and dispatch per
+# layer call against ~40 us per token; past ~512 tokens a step slows per token (bench/serving_steps.py).
+EAGER_CPU_STEP = StepCost(call_tokens=8, max_tokens=512)
 
 
 @dataclass
@@ -46,6 +67,7 @@ class LayerRunner:
     exit_layers: tuple[int, ...]
     device: torch.device
     training = False
+    step_cost: StepCost | None = None  # None: run every layer call as one step (a GPU: full batches)
 
     def step(
         self, index: int, inputs: torch.Tensor | EmbeddingInputs, mask: torch.Tensor, padded: bool, with_exit: bool
@@ -81,6 +103,7 @@ class TorchLayers(LayerRunner):
     def __init__(self, model: nn.Module) -> None:
         self.model, self.config, self.exit_layers = model, model.config, tuple(model.exit_layers)
         self.device, self.training = model.device, model.training
+        self.step_cost = EAGER_CPU_STEP if self.device.type == "cpu" else None
 
     def embed(
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, position_ids: torch.Tensor | None
@@ -123,6 +146,7 @@ class GraphedLayers(TorchLayers):
 
     def __init__(self, model: nn.Module, length_step: int = 16, capture: bool | None = None) -> None:
         super().__init__(model)
+        self.step_cost = None  # its point is a few fixed shapes of full batches
         self.length_step = length_step
         self.max_length = int(getattr(model.config, "max_position_embeddings", 512))
         self.capture = self.device.type == "cuda" if capture is None else capture
@@ -222,6 +246,7 @@ def serving_runner(model: nn.Module | LayerRunner, cuda_graphs: bool = True) -> 
 __all__ = [
     "GraphedLayers",
     "LayerRunner",
+    "StepCost",
     "StepOutput",
     "TorchLayers",
     "as_runner",

@@ -31,13 +31,17 @@ re-exports it. Exporting needs `torch`, `onnx` and `onnxruntime` (the `export` e
 from __future__ import annotations
 
 import io
+import math
 import shutil
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from common.errors import ConfigError
@@ -65,6 +69,7 @@ ONNX_OUTPUT = Output(
     accepts=(ONNX_EXPORT,),
 )
 OPSET = 17
+ORT_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib operators (the int8 steps' MatMulIntegerToFloat)
 INT8_SCHEME = "per-token symmetric activations (uint8, zero point 128), per-channel symmetric int8 weights"
 WORD_EMBEDDINGS = "word_embeddings.bin"  # the step-0 pieces' shared vocabulary table (external data, beside them)
 WORD_EMBEDDINGS_WEIGHT = "embeddings.word_embeddings.weight"
@@ -101,6 +106,39 @@ class _Exit(nn.Module):
         return self.model.classify(self.layer, hidden, mask)
 
 
+@contextmanager
+def _static_attention() -> Iterator[None]:
+    """`F.scaled_dot_product_attention` as the tracer should see it: the scale a constant and a boolean mask the
+    additive -inf mask it stands for. Why: left to itself the exporter computes 1 / sqrt(head size) from the query's
+    runtime shape (seven shape ops per attention on every call) and guards the softmax of a boolean mask against
+    all-masked rows (IsNaN + Where per attention; a row here always has a token). At batch 1 a step is mostly such
+    small kernels: the layer's attention and the MHA exit's lose 18 of a step's 137. Same arithmetic (the guard never
+    fires; the scale is the default's)."""
+    original = F.scaled_dot_product_attention
+
+    def traced(
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        **options: Any,
+    ) -> torch.Tensor:
+        if scale is None:
+            scale = 1.0 / math.sqrt(query.shape[-1])
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            attn_mask = torch.where(attn_mask, torch.tensor(0.0), torch.tensor(-math.inf))
+        return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **options)
+
+    F.scaled_dot_product_attention = traced
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
 def _export(module: nn.Module, example: tuple, inputs: list[str], outputs: list[str]) -> Any:
     """`module` traced to ONNX (opset 17, dynamic batch and length axes), as an `onnx.ModelProto`."""
     import onnx
@@ -109,7 +147,7 @@ def _export(module: nn.Module, example: tuple, inputs: list[str], outputs: list[
     axes.update({name: {0: "batch", 1: "length"} for name in outputs if name == "hidden_out"})
     axes.update({name: {0: "batch"} for name in outputs if name in ("representation", "logits")})
     buffer = io.BytesIO()
-    with warnings.catch_warnings():  # the TorchScript exporter's deprecation notes; it is what traces these blocks
+    with warnings.catch_warnings(), _static_attention():  # warnings: the TorchScript exporter's deprecation notes
         warnings.simplefilter("ignore")
         torch.onnx.export(
             module.eval(),
@@ -130,10 +168,10 @@ def per_token_int8(model: Any) -> Any:
     token (row of the last axis: max |x| / 127, as uint8 with zero point 128), the int32 product scaled back by the
     weight's then the token's scale. One quantization per distinct input (query, key and value share theirs).
 
-    Standard ops only (ONNX Runtime has no fused per-row kernel). The weight scale is applied before the token's on
-    purpose: multiplying the two scales first lets ONNX Runtime's ORT_ENABLE_EXTENDED fusion turn MatMulInteger → Cast
-    → Mul into MatMulIntegerToFloat, which reads that product as a per-tensor / per-column scale (1.32: max error 4.4
-    on a 384 → 1536 linear)."""
+    The product and the weight's scale are one ONNX Runtime kernel, `com.microsoft.MatMulIntegerToFloat` (its
+    A scale 1: it reads A's scale per tensor, never per row, so the token's scale is a Mul after it): the same
+    arithmetic as MatMulInteger → Cast → Mul, two kernels fewer per matmul, which at batch 1 cost more than their
+    arithmetic. ONNX Runtime has no per-row quantization kernel: the activations' side is standard ops."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -172,16 +210,18 @@ def per_token_int8(model: Any) -> Any:
         out = node.output[0]
         nodes += [
             helper.make_node(
-                "MatMulInteger", [f"{x}/uint8", f"{w}/int8", "pt_zp", f"{w}/zero_point"], [f"{out}/int32"]
+                "MatMulIntegerToFloat",
+                [f"{x}/uint8", f"{w}/int8", "pt_one", f"{w}/scale", "pt_zp", f"{w}/zero_point"],
+                [f"{out}/by_weight"],
+                domain=ORT_DOMAIN,
             ),
-            helper.make_node("Cast", [f"{out}/int32"], [f"{out}/float"], to=onnx.TensorProto.FLOAT),
-            helper.make_node("Mul", [f"{out}/float", f"{w}/scale"], [f"{out}/by_weight"]),
             helper.make_node("Mul", [f"{out}/by_weight", quantized[x]], [out]),
         ]
     still_used = {name for node in nodes for name in node.input}
     kept = [init for init in model.graph.initializer if init.name not in replaced or init.name in still_used]
     graph = helper.make_graph(nodes, model.graph.name, model.graph.input, model.graph.output, kept + extra)
-    quantized_model = helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
+    opsets = [*model.opset_import, helper.make_opsetid(ORT_DOMAIN, 1)]
+    quantized_model = helper.make_model(graph, opset_imports=opsets, ir_version=model.ir_version)
     onnx.checker.check_model(quantized_model)
     return quantized_model
 

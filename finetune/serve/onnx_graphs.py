@@ -73,7 +73,11 @@ def join(first: Any, second: Any, prefix: str, links: dict[str, str], outputs: l
         [*first.graph.initializer, *graph.initializer],
         value_info=[*first.graph.value_info, *graph.value_info],
     )
-    model = helper.make_model(joined, opset_imports=first.opset_import, ir_version=first.ir_version)
+    versions: dict[str, int] = {}
+    for opset in [*first.opset_import, *second.opset_import]:  # e.g. the int8 layer's ONNX Runtime contrib domain
+        versions[opset.domain] = max(versions.get(opset.domain, 0), opset.version)
+    opsets = [helper.make_opsetid(domain, version) for domain, version in versions.items()]
+    model = helper.make_model(joined, opset_imports=opsets, ir_version=first.ir_version)
     onnx.checker.check_model(model)
     return model
 

@@ -28,7 +28,7 @@ from common.integrity import CHECKSUMS, IntegrityError
 from common.io import read_object
 from elasticbert.configuration import ElasticBertConfig
 from elasticbert.exit_setting import PRECISIONS
-from elasticbert.layer_runner import EmbeddingInputs, LayerRunner, StepOutput
+from elasticbert.layer_runner import EmbeddingInputs, LayerRunner, StepCost, StepOutput
 from elasticbert.loading import read_config
 from elasticbert.verification import checksum_verification, verify_model_directory
 
@@ -85,6 +85,9 @@ def _steps(directory: Path, manifest: dict, precision: str) -> tuple[list[str], 
 
 
 PARALLEL_MIN_TOKENS = 256  # rows x padded length from which a layer runs on `threads` threads (see OnnxLayers)
+# One thread, MiniLM-size steps (bench/serving_steps.py): a session run costs ~0.17 ms besides its tokens, a token
+# ~12 us in int8 and ~25 us in fp32; past ~512 tokens a step slows per token (int8: 11.3 us at 16 x 16, 18 at 32 x 64).
+ONNX_STEP_COST = {"int8": StepCost(call_tokens=14, max_tokens=512), "fp32": StepCost(call_tokens=7, max_tokens=512)}
 
 
 def _session_options(threads: int) -> Any:
@@ -129,6 +132,7 @@ class OnnxLayers(LayerRunner):
             raise ConfigError(f"{self.directory / MANIFEST}: the steps' exits {step_exits} are not {self.exit_layers}")
         self.name_or_path = str(self.directory)
         self.device, self.inference_precision = torch.device("cpu"), precision
+        self.step_cost = ONNX_STEP_COST[precision]
         self.threads = threads or torch.get_num_threads()
 
         def session(name: str, threads: int = 1) -> Any:

@@ -13,8 +13,8 @@ import torch
 from thresholds import threshold_in_widest_gap
 
 from elasticbert.early_exit import GraphedLayers, TorchLayers, entropy_nats, make_rule, per_sample_flops, run_batch
-from elasticbert.exit_queues import ExitQueues, _nearest
-from elasticbert.layer_runner import LayerRunner
+from elasticbert.exit_queues import ExitQueues, _nearest, length_groups
+from elasticbert.layer_runner import LayerRunner, StepCost
 from finetune.model import exit_logits
 from finetune.serve.inputs import TextInput
 
@@ -46,12 +46,14 @@ def _alone(runner, split, rule):
 
 
 class _Spy(LayerRunner):
-    """A runner that notes each layer call: (layer index, rows, padded length, whether it was padded)."""
+    """A runner that notes each step: (layer index, rows, padded length, whether it was padded). Its steps are the
+    engine's layer calls unless `split` (then it has the runner's step cost: calls run as steps by length)."""
 
-    def __init__(self, runner):
+    def __init__(self, runner, split=False):
         self.runner, self.calls = runner, []
         self.config, self.exit_layers, self.device = runner.config, runner.exit_layers, runner.device
         self.training = False
+        self.step_cost = runner.step_cost if split else None
 
     def step(self, index, inputs, mask, padded, with_exit):
         self.calls.append((index, mask.shape[0], mask.shape[1], padded))
@@ -153,6 +155,72 @@ def test_rows_do_not_wait_longer_than_max_wait(classifier, sst2_dev):
         now[0] += 1.0
         engine.pump()  # every layer's partial batch is late in turn
         assert sum(engine.calls) == ran and engine.waiting == (2 if max_wait is None else 0)
+
+
+def _plan_cost(lengths, groups, cost):
+    return sum(cost.call_tokens + len(g) * int(lengths[g].max()) for g in groups)
+
+
+def test_length_groups_are_the_cheapest_split_of_a_call_into_steps():
+    """A layer call's rows split into steps of rows of similar length: every row once, each step a run of the rows in
+    length order, none over the token cap unless it is one row, and the least cost of all such splits (checked
+    against every split of 9 rows); none for a request alone or rows that pad less than a step costs."""
+    import itertools
+
+    cost = StepCost(call_tokens=14, max_tokens=512)
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(30):
+        rows = 9 if trial < 20 else 32
+        lengths = torch.randint(3, 120, (rows,), generator=generator)
+        groups = length_groups(lengths, cost)
+        one_step = rows * int(lengths.max())
+        if groups is None:  # one step is the cheapest
+            groups = [torch.arange(rows)]
+        flat = torch.cat(groups)
+        assert sorted(flat.tolist()) == list(range(rows))
+        ranked = lengths[flat].tolist()
+        assert ranked == sorted(ranked, reverse=True)  # runs in length order, longest first
+        assert all(len(g) == 1 or len(g) * int(lengths[g].max()) <= cost.max_tokens for g in groups)
+        got = _plan_cost(lengths, groups, cost)
+        if rows == 9:  # every split of the 9 rows in length order into runs
+            order = torch.argsort(lengths, descending=True, stable=True)
+            best = math.inf
+            for cuts in itertools.product((False, True), repeat=rows - 1):
+                bounds = [0, *(i + 1 for i, cut in enumerate(cuts) if cut), rows]
+                plan = [order[a:b] for a, b in zip(bounds, bounds[1:])]
+                if all(len(g) == 1 or len(g) * int(lengths[g].max()) <= cost.max_tokens for g in plan):
+                    best = min(best, _plan_cost(lengths, plan, cost))
+            assert got == best, (lengths.tolist(), got, best)
+        elif one_step <= cost.max_tokens:
+            assert got <= cost.call_tokens + one_step
+    assert length_groups(torch.tensor([40]), cost) is None
+    assert length_groups(torch.tensor([20, 20, 19, 18]), cost) is None  # 3 tokens of padding: not worth a step
+    assert len(length_groups(torch.tensor([60, 8, 8, 8, 8, 8]), cost)) == 2  # the long row alone
+    assert len(length_groups(torch.full((16,), 64), cost)) == 2  # 1,024 tokens: two steps of 512
+
+
+def test_cpu_steps_split_by_length_answer_as_alone_and_pad_less(onnx_spread, sst2_dev):
+    """On a runner with a step cost (ONNX Runtime, eager torch on a CPU) each layer call runs as steps of rows of
+    similar length: the same answers as alone (int8: per-token scales), fewer padded tokens than one step per call,
+    and the engine still counts full calls."""
+    from finetune.serve.onnx_runtime import OnnxLayers
+
+    model, export = onnx_spread["mha"]
+    ort = OnnxLayers(export, "int8", threads=1)
+    assert ort.step_cost is not None and TorchLayers(model).step_cost is not None
+    rule = _rules(model, sst2_dev)["entropy"]
+    alone = _alone(ort, sst2_dev, rule)
+    padded = {}
+    for split in (False, True):
+        spy = _Spy(ort, split=split)
+        done, order, engine = _queued(spy, sst2_dev, rule, 16, [16, 16])
+        assert done.exit_layers[order].tolist() == [int(a.exit_layers[0]) for a in alone]
+        worst = max(float((done.logits[order][i] - a.logits[0]).abs().max()) for i, a in enumerate(alone))
+        assert worst <= 1e-4, (split, worst)
+        assert sum(engine.steps) == len(spy.calls) and (sum(engine.steps) > sum(engine.calls)) == split
+        padded[split] = sum(rows * length for _, rows, length, _ in spy.calls)
+    real = int((sst2_dev.lengths * done.exit_layers[order]).sum())  # each row's tokens at every layer it ran
+    assert padded[True] < padded[False] and padded[True] - real < (padded[False] - real) / 2, (padded, real)
 
 
 def test_the_oldest_row_goes_with_the_rows_nearest_in_length():

@@ -22,7 +22,7 @@ from elasticbert import save_early_exit  # noqa: E402
 from elasticbert.early_exit import EarlyExitSetting, entropy_nats, make_rule, run_batch  # noqa: E402
 from finetune.model import exit_logits  # noqa: E402
 from finetune.serve.early_exit.lte import LearnedExitHead  # noqa: E402
-from finetune.serve.onnx_export import MANIFEST, export_onnx  # noqa: E402
+from finetune.serve.onnx_export import MANIFEST, export_onnx, step_file  # noqa: E402
 from finetune.serve.onnx_runtime import OnnxLayers  # noqa: E402
 from finetune.serve.predict import EarlyExitClassifier  # noqa: E402
 
@@ -168,8 +168,8 @@ def test_int8_answers_do_not_depend_on_the_batch(kind, models, sst2_dev):
 def test_int8_pieces_mean_the_same_after_graph_optimization(exported, sst2_dev):
     """The int8 graph is what ONNX Runtime runs: optimized (ORT_ENABLE_ALL, as `OnnxLayers` opens it) and not, a
     step's output agrees on every real token. (Scaling the int32 product by the token's and weight's scales
-    multiplied first is fused by ORT_ENABLE_EXTENDED into MatMulIntegerToFloat, which misreads that product: max
-    error 4.4 on a linear.)"""
+    multiplied first was fused by ORT_ENABLE_EXTENDED into a MatMulIntegerToFloat that misread that product: max
+    error 4.4 on a linear; the export now writes MatMulIntegerToFloat itself, with the weight's scale only.)"""
     import onnxruntime as ort
 
     ids, mask = sst2_dev.input_ids[:8], sst2_dev.attention_mask[:8]
@@ -266,3 +266,28 @@ def test_one_session_run_per_layer_call(models, sst2_dev):
     runs.clear()
     static = run_batch(ort, ids, mask, types, make_rule("static", None, 2))
     assert runs == list(range(6)) and static.exits_evaluated.eq(1).all()  # inner heads run on no rows
+
+
+def test_a_step_holds_no_shape_arithmetic_and_one_kernel_per_int8_product(exported):
+    """At batch 1 a step's time is mostly its small kernels: the attention scale is a constant (no Shape → Sqrt
+    chain per call), the softmax carries no NaN guard (IsNaN + Where), and each int8 product with its weight's scale
+    is one MatMulIntegerToFloat (no MatMulInteger → Cast → Mul)."""
+    import onnx
+
+    for precision in ("fp32", "int8"):
+        graph = onnx.load(str(exported / step_file(1, precision)), load_external_data=False).graph
+        made_by = {output: node for node in graph.node for output in node.output}
+
+        def from_a_shape(name: str, seen: set, made_by: dict = made_by) -> bool:
+            node = made_by.get(name)
+            if node is None or name in seen:
+                return False
+            seen.add(name)
+            return node.op_type == "Shape" or any(from_a_shape(i, seen) for i in node.input)
+
+        ops = [node.op_type for node in graph.node]
+        assert "IsNaN" not in ops, precision
+        square_roots = [node for node in graph.node if node.op_type == "Sqrt"]
+        assert square_roots and not any(from_a_shape(node.input[0], set()) for node in square_roots), precision
+        if precision == "int8":
+            assert "MatMulInteger" not in ops and ops.count("MatMulIntegerToFloat") == 6  # Q, K, V, out, FFN x 2
