@@ -162,6 +162,14 @@ def _export(module: nn.Module, example: tuple, inputs: list[str], outputs: list[
     return onnx.load_from_string(buffer.getvalue())
 
 
+_INT8_CONSTANTS = {
+    "pt_127": np.float32(127),
+    "pt_eps": np.float32(1e-12),
+    "pt_one": np.float32(1),
+    "pt_zp": np.uint8(128),
+}
+
+
 def per_token_int8(model: Any) -> Any:
     """`model` (an fp32 `onnx.ModelProto`) with every MatMul by a constant weight computed in int8: the weight
     per-channel symmetric (its fp32 copy dropped), the activations quantized per call with one symmetric scale per
@@ -176,13 +184,7 @@ def per_token_int8(model: Any) -> Any:
     from onnx import helper, numpy_helper
 
     weights = {init.name: init for init in model.graph.initializer}
-    constants = {
-        "pt_127": np.float32(127),
-        "pt_eps": np.float32(1e-12),
-        "pt_one": np.float32(1),
-        "pt_zp": np.uint8(128),
-    }
-    extra = [numpy_helper.from_array(np.array(value), name) for name, value in constants.items()]
+    extra = [numpy_helper.from_array(np.array(value), name) for name, value in _INT8_CONSTANTS.items()]
     nodes, quantized, replaced = [], {}, set()
     for node in model.graph.node:
         if node.op_type != "MatMul" or node.input[1] not in weights:
