@@ -26,7 +26,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from elasticbert.exit_setting import EarlyExitSetting  # noqa: E402
-from elasticbert.layer_runner import TorchLayers  # noqa: E402
 from elasticbert.precision import for_inference  # noqa: E402
 from experiments.common import GLUE_DIR  # noqa: E402
 from finetune.data import load_tokenizer  # noqa: E402
@@ -103,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", type=float, required=True, help="entropy threshold of the stream runs")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--runtimes", nargs="+", default=["ORT int8", "ORT fp32", "torch fp32", "torch int8"])
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     task_name, model_dir = args.model.split("=", 1)
@@ -111,18 +111,19 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(model_dir)
     examples = load_split(task, GLUE_DIR, "dev")
     inputs = [TextInput(e.text_a, e.text_b, f"dev row {i}") for i, e in enumerate(examples)]
-    runners = {
+    served = {  # what the classifier serves (a model or ONNX steps), precision, the runner it gets
         "ORT int8": (OnnxLayers(args.export, "int8", 1), "int8"),
         "ORT fp32": (OnnxLayers(args.export, "fp32", 1), "fp32"),
-        "torch fp32": (TorchLayers(model), "fp32"),
-        "torch int8": (TorchLayers(for_inference(model, "int8")), "int8"),
+        "torch fp32": (model, "fp32"),
+        "torch int8": (for_inference(model, "int8"), "int8"),
     }
-    for name, (runner, precision) in runners.items():
-        fit(runner, name)
+    for name in args.runtimes:
+        what, precision = served[name]
         setting = EarlyExitSetting("entropy", args.threshold)
         classifier = EarlyExitClassifier(
-            runner, tokenizer, setting, max_length=trained_max_length(Path(model_dir)), task=task, precision=precision
+            what, tokenizer, setting, max_length=trained_max_length(Path(model_dir)), task=task, precision=precision
         )
+        fit(classifier.runner, name)
         splits(classifier, inputs, args.batch, args.rounds, name)
     return 0
 

@@ -44,9 +44,10 @@ class StepCost:
     max_tokens: int
 
 
-# Eager torch on a CPU (one thread, MiniLM-size layers, fp32 and dynamic int8): ~0.25 ms of Python and dispatch per
-# layer call against ~40 us per token; past ~512 tokens a step slows per token (bench/serving_steps.py).
-EAGER_CPU_STEP = StepCost(call_tokens=8, max_tokens=512)
+# Eager torch on a CPU (one thread, MiniLM-size layers; bench/serving_steps.py, docs/results/serving_steps/): a step
+# costs ~0.8 ms of Python and dispatch besides ~27 us per token in fp32, ~14 in dynamic int8 (31 and 54 tokens' worth);
+# the SST-2 stream at batch 32 is fastest at 14-56 (1.39x / 1.35x one step per call); past ~512 tokens a step slows.
+EAGER_CPU_STEP = StepCost(call_tokens=32, max_tokens=512)
 
 
 @dataclass

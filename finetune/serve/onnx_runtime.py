@@ -85,9 +85,10 @@ def _steps(directory: Path, manifest: dict, precision: str) -> tuple[list[str], 
 
 
 PARALLEL_MIN_TOKENS = 256  # rows x padded length from which a layer runs on `threads` threads (see OnnxLayers)
-# One thread, MiniLM-size steps (bench/serving_steps.py): a session run costs ~0.17 ms besides its tokens, a token
-# ~12 us in int8 and ~25 us in fp32; past ~512 tokens a step slows per token (int8: 11.3 us at 16 x 16, 18 at 32 x 64).
-ONNX_STEP_COST = {"int8": StepCost(call_tokens=14, max_tokens=512), "fp32": StepCost(call_tokens=7, max_tokens=512)}
+# One thread, MiniLM-size steps (bench/serving_steps.py, docs/results/serving_steps/): a session run costs ~0.2 ms
+# besides ~12 us per token in int8 (17 tokens' worth); the SST-2 stream at batch 32 is fastest at 8-28 (1.77x one
+# step per call in int8, 1.66-1.78x in fp32); past ~512 tokens a step slows per token (1.18-1.47x the fit at 1,024+).
+ONNX_STEP_COST = StepCost(call_tokens=16, max_tokens=512)
 
 
 def _session_options(threads: int) -> Any:
@@ -132,7 +133,7 @@ class OnnxLayers(LayerRunner):
             raise ConfigError(f"{self.directory / MANIFEST}: the steps' exits {step_exits} are not {self.exit_layers}")
         self.name_or_path = str(self.directory)
         self.device, self.inference_precision = torch.device("cpu"), precision
-        self.step_cost = ONNX_STEP_COST[precision]
+        self.step_cost = ONNX_STEP_COST
         self.threads = threads or torch.get_num_threads()
 
         def session(name: str, threads: int = 1) -> Any:
