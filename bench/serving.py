@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-examples", type=int, default=None)
-    parser.add_argument("--grid-points", type=int, default=14, help="entropy thresholds tried per calibration")
+    parser.add_argument("--grid-points", type=int, default=40, help="entropy thresholds tried per calibration (of 40)")
     parser.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=True, help="the pipeline row")
     parser.add_argument("--device", default="cpu", help="where the torch rows run (cuda: a GPU)")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/serving_bench"))
