@@ -257,16 +257,17 @@ _ENCODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer 
 
 def _backend_encoder(tokenizer: PreTrainedTokenizerBase, max_length: int) -> _BackendEncoder | None:
     """The tokenizer's `_BackendEncoder` at `max_length` (made once per tokenizer and length), or None when it has
-    no Rust backend or no padding token (then the `transformers` call runs, and says what is wrong)."""
-    if getattr(tokenizer, "backend_tokenizer", None) is None or tokenizer.pad_token_id is None:
-        return None
+    no Rust backend or no padding token (then the `transformers` call runs, and says what is wrong). The answer is
+    kept either way: `transformers` resolves `backend_tokenizer` and `pad_token_id` through `__getattr__`, which a
+    request of one input notices."""
+    key = (max_length, len(tokenizer))  # tokens added to the tokenizer since: a new clone
     try:
         per_length = _ENCODERS.setdefault(tokenizer, {})
     except TypeError:  # an object that cannot be weakly referenced: no cache
-        return _BackendEncoder(tokenizer, max_length)
-    key = (max_length, len(tokenizer))  # tokens added to the tokenizer since: a new clone
+        per_length = {}
     if key not in per_length:
-        per_length[key] = _BackendEncoder(tokenizer, max_length)
+        usable = getattr(tokenizer, "backend_tokenizer", None) is not None and tokenizer.pad_token_id is not None
+        per_length[key] = _BackendEncoder(tokenizer, max_length) if usable else None
     return per_length[key]
 
 
