@@ -17,10 +17,12 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
 import inspect
 import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -81,6 +83,22 @@ def dispatch(
     if prepare is not None:
         prepare(args)
     return run_command(prog or parser.prog, lambda: args.func(args), debug=args.debug)
+
+
+def exit_without_teardown(code: int) -> None:
+    """End the process with `code` as `sys.exit` would (the non-daemon threads joined, the atexit handlers run,
+    stdout/stderr flushed), minus the interpreter's finalization: freeing every module and object of torch,
+    transformers and DeepSpeed, 1.1-1.4 s of CPU per process here, paid by every rank at the end of every job step
+    (16 ranks sharing 2 cores: ~10 s before Slurm sees the step end). For a command whose files are all closed
+    when it returns (`python -m pretrain`)."""
+    main = threading.main_thread()
+    for thread in threading.enumerate():
+        if thread is not main and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def add_command(

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from common.model_size import encoder_parameters
+
 from .configuration import ElasticBertConfig
 
 
@@ -112,8 +114,11 @@ def training_flops_per_token(
 
 def encoder_parameter_count(config: ElasticBertConfig) -> int:
     """Parameters of `ElasticBertModel` (embeddings, layers, one pooler per layer)."""
-    h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    embeddings = (config.vocab_size + config.max_position_embeddings + config.type_vocab_size) * h + 2 * h
-    layer = 4 * (h * h + h) + 2 * h + (h * inter + inter) + (inter * h + h) + 2 * h
-    pooler = h * h + h
-    return embeddings + layers * (layer + pooler)
+    return encoder_parameters(
+        config.hidden_size,
+        config.intermediate_size,
+        config.num_hidden_layers,
+        config.vocab_size,
+        config.max_position_embeddings,
+        config.type_vocab_size,
+    )

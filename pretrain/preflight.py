@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from common.dist import resolve_env
+from common.model_size import pretraining_parameters
 from common.torch_build import query_driver, running_build_check
 
 from .config import REPO_ROOT, RunConfig
@@ -128,19 +129,21 @@ def check_corpora(cfg: RunConfig) -> tuple[str, None]:
 
 
 def parameter_count(cfg: RunConfig, vocab_size: int) -> int:
-    """The model's size without building it: on the meta device, with the initial checkpoint's architecture."""
-    import torch
-
-    from .model_setup import _from_scratch, init_source
-
-    m = cfg.model
+    """The model's size without building it (`common.model_size`: no transformers import on the node), with the
+    initial checkpoint's architecture."""
+    m, type_vocab = cfg.model, 2
     if m.init_from is not None:
+        from .model_setup import init_source
+
         init_cfg = json.loads((init_source(m.init_from) / "config.json").read_text())
         names = {f.name for f in dataclasses.fields(m)}
         m = dataclasses.replace(m, **{k: v for k, v in init_cfg.items() if k in names and k != "init_from"})
         vocab_size = int(init_cfg.get("vocab_size", vocab_size))
-    with torch.device("meta"):
-        return sum(p.numel() for p in _from_scratch(m, vocab_size).parameters())
+        type_vocab = int(init_cfg.get("type_vocab_size", type_vocab))
+    vocab = m.vocab_size or vocab_size
+    return pretraining_parameters(
+        m.hidden_size, m.intermediate_size, m.num_hidden_layers, vocab, m.max_position_embeddings, type_vocab
+    )
 
 
 def check_run_dir(run_dir: Path, cfg: RunConfig) -> tuple[str, None]:

@@ -73,6 +73,31 @@ def test_two_checkpoints_are_estimated_from_the_model_size(prepared_gutenberg):
     assert 380e6 < preflight.parameter_count(large, 30522) < 390e6
 
 
+def test_the_estimate_counts_the_built_models_parameters(prepared_gutenberg):
+    """The analytic count (no model built, no transformers import) equals the pre-training model's parameters."""
+    from pretrain.model_setup import _from_scratch
+
+    for sets in ([], ["model.hidden_size=48", "model.num_hidden_layers=3", "model.intermediate_size=96"]):
+        cfg = load_config(TINY, [f"data.corpora.0.path={prepared_gutenberg}", *sets])
+        built = sum(p.numel() for p in _from_scratch(cfg.model, 1000).parameters())
+        assert preflight.parameter_count(cfg, 1000) == built, sets
+
+
+def test_a_node_check_imports_no_transformers(prepared_gutenberg, tmp_path):
+    """transformers' import is two thirds of a node's check (and every node of a job pays it before any rank
+    starts): a from-scratch config's check must not need it."""
+    code = (
+        "import sys; from pathlib import Path; from pretrain import preflight; "
+        "from pretrain.config import load_config; "
+        f"cfg = load_config({str(TINY)!r}, ['data.corpora.0.path={prepared_gutenberg}']); "
+        f"r = preflight.check_node(cfg, Path({str(tmp_path / 'run')!r}), None, 1, 1); "
+        "assert not r.failed, r.line(); print(sorted(m for m in sys.modules if m.split('.')[0] == 'transformers'))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=base_env(), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]", r.stdout[:300]
+
+
 def test_fused_ops_without_nvcc_are_refused_with_the_fix(prepared_gutenberg, monkeypatch):
     cfg = load_config(TINY, [f"data.corpora.0.path={prepared_gutenberg}", "optim.backend=deepspeed"])
     monkeypatch.setenv("DS_ACCELERATOR", "cuda")
