@@ -256,7 +256,7 @@ class ExitQueues:
         self.steps = [0] * self.last  # the runner's steps they ran as (more than calls: split by length)
         self.rows_run = [0] * self.last  # rows those calls ran
         self.next_slot, self.positions_given = 0, None
-        self.done: list[tuple] = []
+        self.done: list[tuple] = []  # what left since the last `take` (empty: nothing to take)
 
     @property
     def waiting(self) -> int:

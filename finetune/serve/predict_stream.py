@@ -120,9 +120,9 @@ class PredictionStream:
             self.position_of[slot] = positions[row]
 
     def _collect(self) -> None:
-        done = self.engine.take()
-        if not len(done.slots):
+        if not self.engine.done:  # nothing left since the last look (a request's flush after its pump)
             return
+        done = self.engine.take()
         classifier = self.classifier
         result = EarlyExitResult(done.logits, done.exit_layers, done.lengths, done.exits_evaluated, self.engine.exits)
         flops, _ = per_sample_flops(classifier.config, result, classifier.rule.head_width, classifier.flops_memo)
