@@ -101,10 +101,12 @@ class LayerRunner:
 class TorchLayers(LayerRunner):
     """The eager runner: the model's own modules."""
 
+    step_costs: dict[str, StepCost] = {"cpu": EAGER_CPU_STEP}  # by device type; none on a GPU: one step per call
+
     def __init__(self, model: nn.Module) -> None:
         self.model, self.config, self.exit_layers = model, model.config, tuple(model.exit_layers)
         self.device, self.training = model.device, model.training
-        self.step_cost = EAGER_CPU_STEP if self.device.type == "cpu" else None
+        self.step_cost = self.step_costs.get(self.device.type)
 
     def embed(
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, position_ids: torch.Tensor | None
@@ -145,9 +147,10 @@ class GraphedLayers(TorchLayers):
     quantization) runs on the CPU only and is not captured.
     """
 
+    step_costs: dict[str, StepCost] = {}  # its point is a few fixed shapes of full batches, on any device
+
     def __init__(self, model: nn.Module, length_step: int = 16, capture: bool | None = None) -> None:
         super().__init__(model)
-        self.step_cost = None  # its point is a few fixed shapes of full batches
         self.length_step = length_step
         self.max_length = int(getattr(model.config, "max_position_embeddings", 512))
         self.capture = self.device.type == "cuda" if capture is None else capture
