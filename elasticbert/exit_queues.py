@@ -277,10 +277,11 @@ class ExitQueues:
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         lengths = attention_mask.sum(1).cpu()
-        if int(lengths.min()) < attention_mask.shape[1]:
-            check_right_padded(attention_mask, lengths)
-        if int(lengths.min()) < 1:
+        shortest = int(lengths.min())
+        if shortest < 1:
             raise ValueError("early exit needs at least one token per input")
+        if shortest < attention_mask.shape[1]:
+            check_right_padded(attention_mask, lengths)
         if self.positions_given is None:
             self.positions_given = position_ids is not None
         elif self.positions_given != (position_ids is not None):

@@ -244,11 +244,14 @@ class _BackendEncoder:
     def __call__(self, text_a: list[str], text_b: list[str] | None) -> dict[str, torch.Tensor]:
         if len(text_a) == 1:  # a request of one input: `encode` runs on this thread (`encode_batch` wakes a pool)
             one = self.backend.encode(text_a[0], None if text_b is None else text_b[0])
-            rows: tuple = ([one.ids], [one.attention_mask], [one.type_ids])
+            table = np.array([[one.ids], [one.attention_mask], [one.type_ids]], dtype=np.int64)  # one buffer
         else:
             encodings = self.backend.encode_batch(text_a if text_b is None else list(zip(text_a, text_b)))
-            rows = tuple(zip(*((e.ids, e.attention_mask, e.type_ids) for e in encodings)))
-        ids, mask, types = (torch.tensor(row, dtype=torch.long) for row in rows)
+            table = np.array(
+                [[e.ids for e in encodings], [e.attention_mask for e in encodings], [e.type_ids for e in encodings]],
+                dtype=np.int64,
+            )
+        ids, mask, types = torch.from_numpy(table)  # (rows, length) each, contiguous views of the one buffer
         return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
 

@@ -126,10 +126,10 @@ class PredictionStream:
         classifier = self.classifier
         result = EarlyExitResult(done.logits, done.exit_layers, done.lengths, done.exits_evaluated, self.engine.exits)
         flops, _ = per_sample_flops(classifier.config, result, classifier.rule.head_width, classifier.flops_memo)
-        for row, slot in enumerate(done.slots.tolist()):
+        for slot, record in zip(done.slots.tolist(), prediction_records(classifier.config, result, flops)):
             position = self.position_of.pop(slot)
             ident = self.inputs[position].id
-            self.finished[position] = prediction_record(classifier.config, result, row, float(flops[row]), ident)
+            self.finished[position] = {"id": ident, **record} if ident is not None else record
 
 
 def judged(item: TextInput, judge: Callable[[str, str], Verdict | None]) -> Verdict | None:
@@ -139,21 +139,23 @@ def judged(item: TextInput, judge: Callable[[str, str], Verdict | None]) -> Verd
     return judge(item.text_a, "the first text: ") or judge(item.text_b, "the second text: ")
 
 
-def prediction_record(config: Any, result: EarlyExitResult, row: int, flops: float, ident: object) -> dict:
-    """The prediction record of `result`'s row `row` (`predict.py`'s module docstring) for a model of `config`."""
-    logits = result.logits[row]
+def prediction_records(config: Any, result: EarlyExitResult, flops: np.ndarray) -> list[dict]:
+    """The prediction records of `result`'s rows, in row order (`predict.py`'s module docstring; the id is the
+    caller's), for a model of `config`: one numpy pass over the rows' logits, each row's softmax its own."""
+    scores = result.logits.numpy().astype(np.float64)
     if config.num_labels == 1:
-        record: dict = {"value": float(logits[0])}
+        heads = [{"value": value} for value in scores[:, 0].tolist()]
     else:
-        names = config.id2label
-        scores = logits.numpy().astype(np.float64)
-        probabilities = np.exp(scores - scores.max())
-        probabilities = (probabilities / probabilities.sum()).tolist()
-        record = {
-            "label": names[int(scores.argmax())],
-            "probabilities": {names[k]: p for k, p in enumerate(probabilities)},
-        }
-    record.update(exit_layer=int(result.exit_layers[row]), flops=round(flops), tokens=int(result.lengths[row]))
-    if ident is not None:
-        record = {"id": ident, **record}
-    return record
+        names = [config.id2label[k] for k in range(scores.shape[1])]
+        probabilities = np.exp(scores - scores.max(1, keepdims=True))
+        probabilities /= probabilities.sum(1, keepdims=True)
+        heads = [
+            {"label": names[best], "probabilities": dict(zip(names, row))}
+            for best, row in zip(scores.argmax(1).tolist(), probabilities.tolist())
+        ]
+    return [
+        {**head, "exit_layer": layer, "flops": round(cost), "tokens": tokens}
+        for head, layer, cost, tokens in zip(
+            heads, result.exit_layers.tolist(), flops.tolist(), result.lengths.tolist()
+        )
+    ]
