@@ -54,7 +54,14 @@ from elasticbert.fnlp_export import copy_tokenizer_files
 from elasticbert.loading import read_config
 
 from ..model import load_finetuned
-from .onnx_graphs import exit_on_rows, externalize, join, rename_output
+from .onnx_graphs import (
+    ORT_DOMAIN,
+    exit_on_rows,
+    externalize,
+    join,
+    rename_output,
+    static_reshapes,
+)
 
 ONNX_DIR = "onnx"
 MANIFEST = f"{ONNX_DIR}/manifest.json"
@@ -69,7 +76,6 @@ ONNX_OUTPUT = Output(
     accepts=(ONNX_EXPORT,),
 )
 OPSET = 17
-ORT_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib operators (the int8 steps' MatMulIntegerToFloat)
 INT8_SCHEME = "per-token symmetric activations (uint8, zero point 128), per-channel symmetric int8 weights"
 WORD_EMBEDDINGS = "word_embeddings.bin"  # the step-0 pieces' shared vocabulary table (external data, beside them)
 WORD_EMBEDDINGS_WEIGHT = "embeddings.word_embeddings.weight"
@@ -174,42 +180,52 @@ def per_token_int8(model: Any) -> Any:
     """`model` (an fp32 `onnx.ModelProto`) with every MatMul by a constant weight computed in int8: the weight
     per-channel symmetric (its fp32 copy dropped), the activations quantized per call with one symmetric scale per
     token (row of the last axis: max |x| / 127, as uint8 with zero point 128), the int32 product scaled back by the
-    weight's then the token's scale. One quantization per distinct input (query, key and value share theirs).
+    weight's then the token's scale. One quantization per distinct input, and one product per input too: the MatMuls
+    of one input (query, key and value) run as one of their weights side by side, then split (the same sums, column
+    by column; one kernel call instead of three, which at batch 1 cost more than their arithmetic).
 
     The product and the weight's scale are one ONNX Runtime kernel, `com.microsoft.MatMulIntegerToFloat` (its
     A scale 1: it reads A's scale per tensor, never per row, so the token's scale is a Mul after it): the same
-    arithmetic as MatMulInteger → Cast → Mul, two kernels fewer per matmul, which at batch 1 cost more than their
-    arithmetic. ONNX Runtime has no per-row quantization kernel: the activations' side is standard ops."""
+    arithmetic as MatMulInteger → Cast → Mul, two kernels fewer per matmul. ONNX Runtime has no per-row
+    quantization kernel: the activations' side is standard ops."""
     import onnx
     from onnx import helper, numpy_helper
 
     weights = {init.name: init for init in model.graph.initializer}
+    products: dict[str, list] = {}  # input -> its MatMuls by a constant weight, in graph order
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and node.input[1] in weights:
+            products.setdefault(node.input[0], []).append(node)
     extra = [numpy_helper.from_array(np.array(value), name) for name, value in _INT8_CONSTANTS.items()]
-    nodes, quantized, replaced = [], {}, set()
+    nodes, replaced = [], set()
     for node in model.graph.node:
         if node.op_type != "MatMul" or node.input[1] not in weights:
             nodes.append(node)
             continue
-        x, w = node.input
-        if x not in quantized:
-            scale = quantized[x] = f"{x}/token_scale"
-            nodes += [
-                helper.make_node("Abs", [x], [f"{x}/abs"]),
-                helper.make_node("ReduceMax", [f"{x}/abs"], [f"{x}/absmax"], axes=[-1], keepdims=1),
-                helper.make_node("Max", [f"{x}/absmax", "pt_eps"], [f"{x}/absmax_eps"]),
-                helper.make_node("Div", [f"{x}/absmax_eps", "pt_127"], [scale]),
-                helper.make_node("Div", [x, scale], [f"{x}/scaled"]),
-                helper.make_node("QuantizeLinear", [f"{x}/scaled", "pt_one", "pt_zp"], [f"{x}/uint8"]),
-            ]
-        weight = numpy_helper.to_array(weights[w]).astype(np.float32)
+        x = node.input[0]
+        group = products.pop(x, None)
+        if group is None:  # written with the first MatMul of its input
+            continue
+        scale = f"{x}/token_scale"
+        nodes += [
+            helper.make_node("Abs", [x], [f"{x}/abs"]),
+            helper.make_node("ReduceMax", [f"{x}/abs"], [f"{x}/absmax"], axes=[-1], keepdims=1),
+            helper.make_node("Max", [f"{x}/absmax", "pt_eps"], [f"{x}/absmax_eps"]),
+            helper.make_node("Div", [f"{x}/absmax_eps", "pt_127"], [scale]),
+            helper.make_node("Div", [x, scale], [f"{x}/scaled"]),
+            helper.make_node("QuantizeLinear", [f"{x}/scaled", "pt_one", "pt_zp"], [f"{x}/uint8"]),
+        ]
+        parts = [numpy_helper.to_array(weights[matmul.input[1]]).astype(np.float32) for matmul in group]
+        weight = np.concatenate(parts, axis=1)
         weight_scale = (np.maximum(np.abs(weight).max(axis=0), 1e-12) / 127).astype(np.float32)
+        w = group[0].input[1] if len(group) == 1 else f"{x}/weights"
         extra += [
             numpy_helper.from_array(np.round(weight / weight_scale).astype(np.int8), f"{w}/int8"),
             numpy_helper.from_array(weight_scale, f"{w}/scale"),
             numpy_helper.from_array(np.zeros(weight.shape[1], np.int8), f"{w}/zero_point"),
         ]
-        replaced.add(w)
-        out = node.output[0]
+        replaced |= {matmul.input[1] for matmul in group}
+        out = group[0].output[0] if len(group) == 1 else f"{x}/product"
         nodes += [
             helper.make_node(
                 "MatMulIntegerToFloat",
@@ -217,12 +233,18 @@ def per_token_int8(model: Any) -> Any:
                 [f"{out}/by_weight"],
                 domain=ORT_DOMAIN,
             ),
-            helper.make_node("Mul", [f"{out}/by_weight", quantized[x]], [out]),
+            helper.make_node("Mul", [f"{out}/by_weight", scale], [out]),
         ]
+        if len(group) > 1:
+            sizes = np.array([part.shape[1] for part in parts], dtype=np.int64)
+            extra.append(numpy_helper.from_array(sizes, f"{x}/split"))
+            nodes.append(helper.make_node("Split", [out, f"{x}/split"], [m.output[0] for m in group], axis=-1))
     still_used = {name for node in nodes for name in node.input}
     kept = [init for init in model.graph.initializer if init.name not in replaced or init.name in still_used]
     graph = helper.make_graph(nodes, model.graph.name, model.graph.input, model.graph.output, kept + extra)
-    opsets = [*model.opset_import, helper.make_opsetid(ORT_DOMAIN, 1)]
+    opsets = [*model.opset_import]
+    if all(opset.domain != ORT_DOMAIN for opset in opsets):
+        opsets.append(helper.make_opsetid(ORT_DOMAIN, 1))
     quantized_model = helper.make_model(graph, opset_imports=opsets, ir_version=model.ir_version)
     onnx.checker.check_model(quantized_model)
     return quantized_model
@@ -247,10 +269,12 @@ def write_pieces(model: nn.Module, directory: Path) -> dict:
     pieces: dict = {"steps": {"fp32": [], "int8": []}, "step_exits": [], "shared": [f"{ONNX_DIR}/{WORD_EMBEDDINGS}"]}
     for index in range(layers):
         layer = _export(_Layer(model, index), (hidden, ids), ["hidden", "mask"], ["hidden_out"])
+        layer = static_reshapes(layer)
         exit_head = None
         if index + 1 in exits:
             outputs = ["representation", "logits"]
-            exit_head = exit_on_rows(_export(_Exit(model, index + 1), (hidden, ids), ["hidden", "mask"], outputs))
+            traced = _export(_Exit(model, index + 1), (hidden, ids), ["hidden", "mask"], outputs)
+            exit_head = exit_on_rows(static_reshapes(traced))
         for precision, graph in (("fp32", layer), ("int8", per_token_int8(layer))):
             step = _step(embeddings if index == 0 else None, graph, exit_head, last=index + 1 == layers)
             if index == 0:

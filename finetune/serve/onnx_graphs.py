@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+ORT_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib operators (the int8 steps' MatMulIntegerToFloat)
 EXIT_ROWS = "exit_rows"  # a step's input: how many of its rows the fused exit head runs on (all, or none)
 
 
@@ -80,6 +81,75 @@ def join(first: Any, second: Any, prefix: str, links: dict[str, str], outputs: l
     model = helper.make_model(joined, opset_imports=opsets, ir_version=first.ir_version)
     onnx.checker.check_model(model)
     return model
+
+
+def static_reshapes(model: Any) -> Any:
+    """`model` with each Reshape whose target is assembled at run time from another tensor's dimensions (Shape →
+    Gather → Unsqueeze → Concat: what tracing `x.view(batch, length, ...)` writes) given a constant target instead,
+    where ONNX shape inference proves each such dimension equal to the reshaped tensor's own at that position (then
+    written 0, "keep this dimension"); a target it cannot prove stays as it is. Why: at batch 1 a step is mostly
+    small kernels, and each such target costs six of them per call (ONNX Runtime folds them only when the dimensions
+    come from the reshaped tensor itself). The shape arithmetic left unused is dropped. Same result."""
+    from onnx import numpy_helper, shape_inference
+
+    inferred = shape_inference.infer_shapes(model)
+    dims = {
+        info.name: [d.dim_param or d.dim_value or None for d in info.type.tensor_type.shape.dim]
+        for info in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
+    }
+    producer = {name: node for node in model.graph.node for name in node.output}
+    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and len(node.attribute) == 1 and node.attribute[0].name == "value":
+            constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    for node in model.graph.node:
+        if node.op_type != "Reshape" or any(a.name == "allowzero" and a.i for a in node.attribute):
+            continue
+        target = _proven_target(producer.get(node.input[1]), dims.get(node.input[0]), producer, constants, dims)
+        if target is not None:
+            name = f"{node.output[0]}/static_shape"
+            model.graph.initializer.append(numpy_helper.from_array(np.array(target, dtype=np.int64), name))
+            node.input[1] = name
+    return without_unused_nodes(model)
+
+
+def _proven_target(concat: Any, data: list | None, producer: dict, constants: dict, dims: dict) -> list[int] | None:
+    """The constant target of a Reshape of a tensor of dimensions `data` whose target `concat` assembles, or None."""
+    if concat is None or concat.op_type != "Concat" or not data:
+        return None
+    target: list[int] = []
+    for part in concat.input:
+        if part in constants:
+            target += np.atleast_1d(constants[part]).astype(np.int64).tolist()
+            continue
+        unsqueeze = producer.get(part)
+        gather = (
+            producer.get(unsqueeze.input[0]) if unsqueeze is not None and unsqueeze.op_type == "Unsqueeze" else None
+        )
+        shape = producer.get(gather.input[0]) if gather is not None and gather.op_type == "Gather" else None
+        index = constants.get(gather.input[1]) if gather is not None else None
+        if shape is None or shape.op_type != "Shape" or shape.attribute or index is None or index.ndim != 0:
+            return None
+        source = dims.get(shape.input[0]) or []
+        position = len(target)
+        if not (int(index) < len(source) and position < len(data) and source[int(index)] is not None):
+            return None
+        if source[int(index)] != data[position]:  # the same named (or the same fixed) dimension, or no proof
+            return None
+        target.append(0)
+    return target
+
+
+def without_unused_nodes(model: Any) -> Any:
+    """`model` without the nodes none of whose outputs is read (by a node or as a graph output), to a fixpoint."""
+    graph = model.graph
+    while True:
+        read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+        kept = [node for node in graph.node if any(name in read for name in node.output)]
+        if len(kept) == len(graph.node):
+            return model
+        del graph.node[:]
+        graph.node.extend(kept)
 
 
 def rename_output(model: Any, old: str, new: str) -> Any:

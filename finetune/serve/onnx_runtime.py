@@ -91,6 +91,12 @@ PARALLEL_MIN_TOKENS = 256  # rows x padded length from which a layer runs on `th
 ONNX_STEP_COST = StepCost(call_tokens=16, max_tokens=512)
 
 
+# ONNX Runtime fuses a layer's (dense + bias) + residual -> LayerNorm into one SkipLayerNormalization once it can see
+# the shapes (the export's constant reshape targets let it): on this CPU that kernel took 60 us per call at batch 1
+# where the three kernels it replaces took ~15 (a step 396 -> 487 us, bench/serving_steps.py): it stays off.
+DISABLED_FUSIONS = ["SkipLayerNormFusion"]
+
+
 def _session_options(threads: int) -> Any:
     import onnxruntime as ort
 
@@ -138,7 +144,12 @@ class OnnxLayers(LayerRunner):
 
         def session(name: str, threads: int = 1) -> Any:
             options = _session_options(threads)
-            return ort.InferenceSession(str(self.directory / name), options, providers=["CPUExecutionProvider"])
+            return ort.InferenceSession(
+                str(self.directory / name),
+                options,
+                providers=["CPUExecutionProvider"],
+                disabled_optimizers=DISABLED_FUSIONS,
+            )
 
         self.steps = [session(name) for name in steps]
         self.parallel_steps = [session(name, self.threads) for name in steps] if self.threads > 1 else self.steps

@@ -289,5 +289,72 @@ def test_a_step_holds_no_shape_arithmetic_and_one_kernel_per_int8_product(export
         assert "IsNaN" not in ops, precision
         square_roots = [node for node in graph.node if node.op_type == "Sqrt"]  # the constant scale's are folded
         assert not any(from_a_shape(node.input[0], set()) for node in square_roots), precision
-        if precision == "int8":
-            assert "MatMulInteger" not in ops and ops.count("MatMulIntegerToFloat") == 6  # Q, K, V, out, FFN x 2
+        if precision == "int8":  # one product for Q, K and V (their input's), the attention output, FFN x 2
+            assert "MatMulInteger" not in ops and ops.count("MatMulIntegerToFloat") == 4
+        # the layer's reshape targets are constants (`static_reshapes`), none assembled from shapes per call
+        layer_reshapes = [node for node in graph.node if node.op_type == "Reshape" and "exit/" not in node.name]
+        assert layer_reshapes and not any(node.input[1] in made_by for node in layer_reshapes), precision
+
+
+def test_static_reshapes_fix_only_the_targets_shape_inference_proves():
+    """A target assembled from the reshaped tensor's own dimensions, or from another tensor's that shape inference
+    proves the same, becomes a constant (0: keep the dimension); one from a dimension that is not provably the same
+    stays computed per call."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from finetune.serve.onnx_graphs import static_reshapes
+
+    def gathered(source: str, index: int, name: str) -> list:
+        return [
+            helper.make_node("Shape", [source], [f"{name}/shape"]),
+            helper.make_node("Gather", [f"{name}/shape", f"i{index}"], [f"{name}/dim"]),
+            helper.make_node("Unsqueeze", [f"{name}/dim", "axis0"], [name]),
+        ]
+
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2]),  # (length, batch, 6)
+        *gathered("x", 0, "batch"),
+        *gathered("x", 1, "length"),
+        helper.make_node("Concat", ["length", "batch", "c23"], ["target_t"], axis=0),  # proven: t's own dims
+        helper.make_node("Reshape", ["t", "target_t"], ["out_t"]),
+        helper.make_node("Concat", ["batch", "minus1"], ["target_y"], axis=0),  # y's first dim is not x's
+        helper.make_node("Reshape", ["y", "target_y"], ["out_y"]),
+    ]
+    constants = {
+        "i0": np.array(0),
+        "i1": np.array(1),
+        "axis0": np.array([0]),
+        "c23": np.array([2, 3]),
+        "minus1": np.array([-1]),
+    }
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "length", 6]),
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", 4]),
+        ],
+        [
+            helper.make_tensor_value_info("out_t", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("out_y", TensorProto.FLOAT, None),
+        ],
+        [numpy_helper.from_array(value.astype(np.int64), name) for name, value in constants.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    fixed = static_reshapes(onnx.ModelProto.FromString(model.SerializeToString()))
+    made_by = {name: node for node in fixed.graph.node for name in node.output}
+    reshapes = {node.output[0]: node for node in fixed.graph.node if node.op_type == "Reshape"}
+    assert reshapes["out_t"].input[1] not in made_by  # a constant now
+    target = next(t for t in fixed.graph.initializer if t.name == reshapes["out_t"].input[1])
+    assert numpy_helper.to_array(target).tolist() == [0, 0, 2, 3]
+    assert made_by[reshapes["out_y"].input[1]].op_type == "Concat"  # not provable: still computed
+    assert sum(node.op_type == "Shape" for node in fixed.graph.node) == 1  # the length's chain was dropped
+    feeds = {"x": np.arange(2 * 3 * 6, dtype=np.float32).reshape(2, 3, 6), "y": np.ones((2, 4), np.float32)}
+    before, after = (
+        ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        for m in (model, fixed)
+    )
+    for a, b in zip(before, after):
+        assert a.shape == b.shape and np.array_equal(a, b)
