@@ -90,11 +90,19 @@ def exit_without_teardown(code: int) -> None:
     stdout/stderr flushed), minus the interpreter's finalization: freeing every module and object of torch,
     transformers and DeepSpeed, 1.1-1.4 s of CPU per process here, paid by every rank at the end of every job step
     (16 ranks sharing 2 cores: ~10 s before Slurm sees the step end). For a command whose files are all closed
-    when it returns (`python -m pretrain`)."""
-    main = threading.main_thread()
-    for thread in threading.enumerate():
-        if thread is not main and not thread.daemon:
-            thread.join()
+    when it returns (`python -m pretrain`, `python -m finetune`).
+
+    The threads end as at a normal exit: `threading._shutdown` is the interpreter's own first step of finalization.
+    It runs the callbacks registered with `threading._register_atexit` first - `concurrent.futures` stops its
+    executors' idle workers there - and then joins the non-daemon threads. Joining them without those callbacks waits
+    forever on an executor's idle worker (inductor's compile pool: a compiled run hung at its end)."""
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    else:  # an interpreter without it: join what is left (an idle executor's workers would still block here)
+        for thread in threading.enumerate():
+            if thread is not threading.main_thread() and not thread.daemon:
+                thread.join()
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()

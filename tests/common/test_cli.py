@@ -76,6 +76,31 @@ def test_dispatch_without_a_command_prints_the_help_and_returns_2(capsys):
     assert err.value.code == 2
 
 
+EXITING_WITH_AN_IDLE_EXECUTOR = """
+import concurrent.futures, sys, threading, time
+from common.cli import exit_without_teardown
+pool = concurrent.futures.ThreadPoolExecutor(2)  # left open, as inductor leaves its compile pool
+pool.submit(time.sleep, 0).result()
+def late_write():
+    time.sleep(0.3)
+    open(sys.argv[1], "w").write("written")
+threading.Thread(target=late_write).start()  # a non-daemon thread still working
+exit_without_teardown(3)
+"""
+
+
+def test_exit_without_teardown_ends_like_a_normal_exit_with_an_executor_left_open(tmp_path):
+    """The exit code, the non-daemon thread's work finished, and no hang on an executor's idle workers (joining the
+    threads without `threading`'s exit callbacks waited for them forever: a compiled pre-training run hung there)."""
+    marker = tmp_path / "marker"
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run(
+        [sys.executable, "-c", EXITING_WITH_AN_IDLE_EXECUTOR, str(marker)], cwd=repo, timeout=60, capture_output=True
+    )
+    assert done.returncode == 3, done.stderr.decode()
+    assert marker.read_text() == "written"
+
+
 def test_an_os_error_no_command_handled_is_one_line_with_path_and_errno(capsys, tmp_path):
     """The shared entry turns an OSError that reached it (read-only output, full disk, a file where a folder is
     expected) into one line naming the path and errno, exit 74 (EX_IOERR) — never a traceback."""
