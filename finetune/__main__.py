@@ -9,10 +9,9 @@ dispatches. A user error
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 
-from common.cli import add_debug, add_switch, dispatch
+from common.cli import add_debug, add_switch, dispatch, exit_without_teardown
 from elasticbert.loading import set_checksum_verification
 
 from .score import cli as score_cli
@@ -50,4 +49,6 @@ def _apply_global_options(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # every command closes its files before it returns: skip the interpreter's teardown of torch, transformers and
+    # DeepSpeed (~1.2 s of CPU per process here; `common.cli.exit_without_teardown`)
+    exit_without_teardown(main())
