@@ -181,10 +181,16 @@ class ElasticBertForPreTraining(ElasticBertPreTrainedModel):
         return_dict: bool | None = None,
         sample_ids: torch.Tensor | None = None,
         cls_positions: torch.Tensor | None = None,
+        mlm_positions: torch.Tensor | None = None,
     ) -> ElasticBertPreTrainingOutput | tuple:
         """Packed rows (several texts per row, `pretrain.collation.pack`): `sample_ids` [R, T] (1, 2, ... per text, 0 =
         padding; `ElasticBertModel`) and `cls_positions` [S] (each text's [CLS] as a flattened token index, in the
-        order of `sop_labels`). MLM reads the masked tokens wherever they are; SOP reads each text's own [CLS]."""
+        order of `sop_labels`). MLM reads the masked tokens wherever they are; SOP reads each text's own [CLS].
+
+        `mlm_positions` [M]: the masked tokens as flattened indices in ascending order, what
+        `(mlm_labels != -100).nonzero()` gives, when the caller already knows them (the pre-training collator
+        computes them on the host). Without it the model finds them with `nonzero`, whose output size the host must
+        read from the device: one host sync per forward on a GPU."""
         mlm_labels, sop_labels = _pretraining_labels(mlm_labels, labels, sop_labels, sentence_order_label)
         if (sample_ids is None) != (cls_positions is None):
             raise ValueError(
@@ -211,7 +217,7 @@ class ElasticBertForPreTraining(ElasticBertPreTrainedModel):
                 exit_layers=exits,
             )
         else:
-            output = self._losses(exits, states, mlm_labels, sop_labels, cls_positions)
+            output = self._losses(exits, states, mlm_labels, sop_labels, cls_positions, mlm_positions)
             output.hidden_states = encoded.hidden_states
         return self._tuple_unless_dict(output, return_dict)
 
@@ -222,9 +228,10 @@ class ElasticBertForPreTraining(ElasticBertPreTrainedModel):
         mlm_labels: torch.Tensor,
         sop_labels: torch.Tensor,
         cls_positions: torch.Tensor | None = None,
+        mlm_positions: torch.Tensor | None = None,
     ) -> ElasticBertPreTrainingOutput:
         flat_labels = mlm_labels.reshape(-1)
-        masked = (flat_labels != -100).nonzero(as_tuple=True)[0]
+        masked = mlm_positions if mlm_positions is not None else (flat_labels != -100).nonzero(as_tuple=True)[0]
         num_masked = int(masked.numel())
         targets = flat_labels[masked]
         rows = self.masked_lm_rows(exits, states, masked)

@@ -26,6 +26,13 @@ IGNORE_INDEX = -100  # the MLM label of a token that is not a target (cross-entr
 PACKING_MIN_SAVING = 0.02
 
 
+def masked_positions(labels: np.ndarray) -> torch.Tensor:
+    """The masked tokens of a micro-batch as flattened indices, ascending: found here on the host, they reach the
+    model's sparse MLM prediction without the `nonzero` it would otherwise run on the device (a host sync per
+    micro-batch on a GPU: the host waits for the whole forward before it can queue the heads and the backward)."""
+    return torch.from_numpy(np.flatnonzero(labels.reshape(-1) != IGNORE_INDEX))
+
+
 def collate(items: list[dict[str, np.ndarray]], pad_id: int = 0, multiple: int = 8) -> dict[str, torch.Tensor]:
     """Pad to the longest sample (rounded up to `multiple`): deterministic, and cheaper than max_length."""
     longest = max(len(it["input_ids"]) for it in items)
@@ -46,6 +53,7 @@ def collate(items: list[dict[str, np.ndarray]], pad_id: int = 0, multiple: int =
         "token_type_ids": torch.from_numpy(types),
         "attention_mask": torch.from_numpy(attention),
         "mlm_labels": torch.from_numpy(labels),
+        "mlm_positions": masked_positions(labels),
         "sop_labels": torch.from_numpy(np.asarray([it["sop_label"] for it in items], dtype=np.int64)),
     }
     if "key" in items[0]:
@@ -173,7 +181,8 @@ def pack(
     """The samples of a micro-batch packed into rows of at most `capacity` tokens, as wide as `row_plan` finds least
     padded; `collate`'s one sample per padded row instead when packing would remove less than `min_saving` of its
     tokens. Per token, as `collate` gives them: input_ids,
-    token_type_ids, mlm_labels, attention_mask (1 = a real token: the trainer's token and padding counts read it);
+    token_type_ids, mlm_labels (and mlm_positions, the masked tokens' flattened indices: `masked_positions`),
+    attention_mask (1 = a real token: the trainer's token and padding counts read it);
     and what keeps the samples apart: sample_ids (1 + the sample's place in the batch, 0 = padding), from which the
     model builds its block-diagonal attention mask and each sample's positions. Per sample, in batch order (the
     micro-batch's samples and their order are unchanged): sop_labels, cls_positions (the flattened token index of
@@ -203,6 +212,7 @@ def pack(
         "token_type_ids": torch.from_numpy(types),
         "attention_mask": torch.from_numpy((sample_ids > 0).astype(np.int64)),
         "mlm_labels": torch.from_numpy(labels),
+        "mlm_positions": masked_positions(labels),
         "sop_labels": torch.from_numpy(np.asarray([it["sop_label"] for it in items], dtype=np.int64)),
         "sample_ids": torch.from_numpy(sample_ids),
         "cls_positions": torch.from_numpy(cls_positions),
@@ -227,7 +237,10 @@ class Collator:
     """Picklable collate with its settings bound (DataLoader workers pickle it): the pad id, the length multiple,
     and whether samples are packed several to a row (`data.packing`: `pack`, rows of `max_length`) or padded one to
     a row (`collate`). A compiled model gets every unpacked batch padded to `max_length` (multiple = max_length):
-    one static shape, no recompiles (packing varies the row count, so the config refuses it with `train.compile`)."""
+    one static shape (packing varies the row count, so the config refuses it with `train.compile`). The masked
+    positions still vary in number: inductor compiles each graph once more, with that size dynamic, at the first
+    batch that changes it (~8 s at the tiny size here), and the graph then has no break and no host sync at the
+    `nonzero` it would otherwise run."""
 
     def __init__(self, pad_id: int, multiple: int = 8, packing: bool = False, max_length: int | None = None) -> None:
         if packing and max_length is None:

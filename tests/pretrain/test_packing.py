@@ -192,6 +192,24 @@ def test_a_packed_step_has_the_padded_steps_losses_and_gradients(items, num_grou
             )
 
 
+def test_the_masked_positions_come_from_the_host_and_spare_the_models_nonzero(items, monkeypatch):
+    """Both collations hand the model the masked tokens' flattened indices (found on the host), and a step given
+    them equals the step that finds them itself: so the trainer's forward never runs `nonzero` (a host sync on a
+    GPU). Without them (a transformers caller) the model still finds them."""
+    model = tiny_model(30522)
+    for batch in (collate(items), pack(items, capacity=SEQ)):
+        expected = (batch["mlm_labels"].reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)
+        assert torch.equal(batch["mlm_positions"], expected) and len(expected) > 0
+        exits = tuple(range(1, LAYERS + 1))
+        found, found_grads = _step(model, {k: v for k, v in batch.items() if k != "mlm_positions"}, exits)
+        with monkeypatch.context() as patched:
+            patched.setattr(torch.Tensor, "nonzero", lambda *a, **k: pytest.fail("the model ran nonzero"))
+            given, given_grads = _step(model, batch, exits)
+        assert given.num_masked == found.num_masked == len(expected)
+        assert torch.equal(given.loss, found.loss) and torch.equal(given.mlm_accuracy, found.mlm_accuracy)
+        assert all(torch.equal(given_grads[name], g) for name, g in found_grads.items())
+
+
 def _hidden(model, batch):
     inputs = model_inputs(batch)
     out = model.elasticbert(
