@@ -7,6 +7,7 @@
   fails the session, so a green CI run has run them all.
 """
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -19,6 +20,15 @@ os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get(
 from requirements import ENFORCED_TAGS, in_ci  # noqa: E402
 
 _enforced_skips: list[str] = []
+
+
+def pytest_collection_finish(session):  # noqa: ANN001, ANN201 - pytest hook
+    """Move what the collection imported (torch, transformers, DeepSpeed, ONNX: millions of objects that live to the
+    end of the session) out of the garbage collector's sight (`gc.freeze`). Code under test that collects
+    (data_prep's `release_freed_memory`, once per unit or band item) then scans only what the tests create: a
+    full collection over the session's heap took ~0.2 s, and one dedup test made 149 of them (32 s; 3.8 s alone).
+    A command run by users never carries that heap."""
+    gc.freeze()
 
 
 def pytest_runtest_logreport(report):  # noqa: ANN001, ANN201 - pytest hook
