@@ -1,4 +1,4 @@
-"""The command-line conventions of `python -m data_prep | pretrain | finetune` (written down in the README):
+"""The command-line conventions of `python -m data_prep | pretrain | finetune` (written down in docs/layout.md):
 
 - `--output PATH`: where a command writes (a prepared corpus, a run directory, an export, a report);
 - `--max-examples N`: a seeded subset of the split a command reads (`--max-train-examples`, `--max-dev-examples`,

@@ -1,6 +1,6 @@
 """The one base class of errors a user can fix, and the exit code every command maps it to.
 
-The one table of exit codes (also in the README's conventions): 0 done, 1 `data_prep verify` found problems,
+The one table of exit codes (also in docs/reliability.md): 0 done, 1 `data_prep verify` found problems,
 2 bad input, 3 training diverged, 4 a write failed, 5 another rank of the job died, 74 the operating system refused a
 read or write no command expected (`describe_os_error`), 75 preempted (requeue), 130 interrupted.
 
