@@ -353,6 +353,7 @@ def export_onnx(
     output = check_output(output, ONNX_OUTPUT, [("--model", model_dir)], overwrite)
     directory = Path(model_dir)
     raw = read_config(directory)
+    given = setting is not None and setting.strategy != "lte"  # the export's config.json then carries it
     if setting is None:  # a saved setting must be one a config can carry, before any work
         saved = raw.get("early_exit") or {"strategy": "static"}
         setting = EarlyExitSetting.from_dict(saved, source=f"{directory / 'config.json'}: early_exit")
@@ -384,6 +385,8 @@ def export_onnx(
                     manifest["single_file"] = write_single_files(traced, model, tmp, setting, lte_head, max_length)
                 atomic_write_json(tmp / MANIFEST, manifest)
                 shutil.copy2(directory / "config.json", tmp / "config.json")
+                if given:  # what the one file runs is the setting `predict` finds in the export
+                    atomic_write_json(tmp / "config.json", {**raw, "early_exit": setting.to_dict()})
                 copy_tokenizer_files(directory, tmp)
                 seal(tmp)
     except OSError as err:

@@ -332,7 +332,7 @@ class SingleGraph:
             hidden = scope.inline(piece, f"layer{index}/", {"hidden": hidden, "mask": running.mask})["hidden_out"]
         layer = self.exits[position]
         head = scope.inline(self.traced.exits[layer], f"exit{layer}/", {"hidden": hidden, "mask": running.mask})
-        logits, exit_layer = head["logits"], scope.const(np.int64(layer), "layer")
+        logits, exit_layer = head["logits"], scope.const(np.int64(layer), "exit_at")
         if done is None:  # every row of the batch, in order
             layers = scope.op("Expand", [exit_layer, scope.op("Shape", [running.rows])], "exit_layers")
         else:

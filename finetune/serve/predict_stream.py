@@ -40,7 +40,9 @@ class PredictionStream:
     def __init__(self, classifier: Any, batch_size: int, max_wait: float | None = None) -> None:
         """`classifier`: the `predict.EarlyExitClassifier` whose runner, rule, tokenizer and checks serve."""
         self.classifier = classifier
-        self.engine = ExitQueues(classifier.runner, classifier.rule, batch_size, max_wait=max_wait)
+        one_file = getattr(classifier.runner, "one_file_engine", None)  # ONNX Runtime, batch 1: `onnx_one_file`
+        engine = one_file(classifier.rule, batch_size) if one_file is not None else None
+        self.engine = engine or ExitQueues(classifier.runner, classifier.rule, batch_size, max_wait=max_wait)
         self.finished: dict[int, dict] = {}  # position -> record, until every earlier input is answered
         self.inputs: dict[int, TextInput] = {}  # position -> input, until its record is handed out
         self.position_of: dict[int, int] = {}  # engine slot -> position
