@@ -12,7 +12,12 @@ each batch size (inputs handed to every configuration `B` at a time, in dev-set 
   whatever inputs reached it, answers in input order): `torch fp32 EE`, `torch int8 EE`, `ORT fp32 EE`,
   `ORT int8 EE` (the export's fused steps, per-token int8), and `ORT int8 EE per batch` — the same engine flushed
   after every batch (each batch runs until its deepest row leaves: what the engine did before the queues);
-- `pipeline fp32`: `transformers.pipeline("text-classification")` on the full model, the anchor a user starts from.
+- `pipeline fp32`: `transformers.pipeline("text-classification")` on the full model, the anchor a user starts from;
+- the one-file model (`finetune.serve.onnx_single`, docs/onnx_single_file.md): `ORT int8 EE one file` /
+  `ORT fp32 EE one file` served as a user serves it (the Rust tokenizer's call, one plain session run per batch with
+  the calibrated threshold fed to its `threshold` input, argmax: the full-model rows' code with the other file), and
+  `ORT int8 EE ours` (`EarlyExitClassifier.stream`: the one file at batch 1, the queues above). `ORT int8 EE` keeps
+  the per-layer queues at every batch size.
 
 Per configuration and cell: inputs/s (best of `--rounds` interleaved rounds: every round runs each configuration once
 over the whole dev set, the machine is shared), p50 / p99 latency per input (from the moment its batch is handed in
@@ -27,6 +32,8 @@ graphs for the early-exit engine; int8 rows are CPU-only). Needs onnxruntime and
 
     .venv/bin/python bench/serving.py --model SST-2=runs/sst2/best --model MRPC=runs/mrpc/best --rounds 2
     .venv/bin/python bench/serving.py --model SST-2=runs/sst2/best --max-examples 64 --rounds 1   # a quick look
+    .venv/bin/python bench/serving.py --model SST-2=A --model MRPC=B --configs "ORT int8 full" "ORT int8 EE" \
+        "ORT int8 EE one file" "ORT int8 EE ours" --rounds 5 --no-pipeline     # issue 60's rows
 
 Writes OUTPUT/results.json and OUTPUT/section.md (default docs/results/serving).
 """
@@ -71,8 +78,11 @@ CONFIGS = {
     "ORT fp32 EE": ("ORT fp32", True),
     "ORT int8 EE": ("ORT int8", True),
     "ORT int8 EE per batch": ("ORT int8", True),
+    "ORT int8 EE one file": ("ORT int8", True),
+    "ORT int8 EE ours": ("ORT int8", True),
+    "ORT fp32 EE one file": ("ORT fp32", True),
 }
-GOAL = "ORT int8 EE"
+GOAL = "ORT int8 EE one file"  # issue 60: the one-file model as a user serves it
 ENTROPY_GRID = np.round(np.linspace(0.01, 0.66, 40), 4)  # fractions of ln 2 from 1.5 % to 95 %
 Run = Callable[[int], tuple[list[int], list[float]]]  # batch size -> (label ids, seconds per input), input order
 
@@ -173,12 +183,15 @@ def torch_forward(model: nn.Module) -> Callable[[dict], np.ndarray]:
     return forward
 
 
-def early_exit_runner(classifier: EarlyExitClassifier, inputs: list[TextInput], label_of: dict, queued: bool) -> Run:
+def early_exit_runner(
+    classifier: EarlyExitClassifier, inputs: list[TextInput], label_of: dict, queued: bool, one_file: bool = False
+) -> Run:
     """The classifier's stream fed `batch` inputs at a time; `queued`: rows wait at their layer for rows of later
-    batches (flushed at the end), else each batch is flushed before the next is handed in."""
+    batches (flushed at the end), else each batch is flushed before the next is handed in; `one_file`: the stream may
+    run the export's one file (at batch 1), else the per-layer queues always."""
 
     def run(batch: int) -> tuple[list[int], list[float]]:
-        stream = classifier.stream(batch)
+        stream = classifier.stream(batch, one_file=one_file)
         handed: list[float] = []
         labels, latency = [], []
 
@@ -272,8 +285,9 @@ def runners(context: dict, threads: int, args: argparse.Namespace) -> dict[str, 
     inputs, label_of, thresholds = context["inputs"], context["label_of"], context["thresholds"]
     sessions = onnx_sessions(model, context["work"], threads)
     encode = rust_encoder(tokenizer, context["max_length"])
-    eager = {"fp32": model.to(args.device)}
-    if args.device == "cpu":
+    wanted = {CONFIGS[name][0] for name in args.configs or CONFIGS}
+    eager = {"fp32": model.to(args.device)} if "torch fp32" in wanted else {}
+    if args.device == "cpu" and "torch int8" in wanted:
         eager["int8"] = for_inference(model, "int8")
     out: dict[str, Run] = {}
     if args.pipeline:
@@ -293,11 +307,35 @@ def runners(context: dict, threads: int, args: argparse.Namespace) -> dict[str, 
             classifier(m, precision, f"torch {precision}"), inputs, label_of, True
         )
     for precision in ("fp32", "int8"):
+        if f"ORT {precision}" not in thresholds:
+            continue
         pieces = classifier(OnnxLayers(context["export"], precision, threads), precision, f"ORT {precision}")
         out[f"ORT {precision} EE"] = early_exit_runner(pieces, inputs, label_of, True)
         if precision == "int8":
             out["ORT int8 EE per batch"] = early_exit_runner(pieces, inputs, label_of, False)
-    return out
+            out["ORT int8 EE ours"] = early_exit_runner(pieces, inputs, label_of, True, one_file=True)
+        out[f"ORT {precision} EE one file"] = full_runner(texts, encode, one_file_forward(context, precision, threads))
+    return {name: serve for name, serve in out.items() if not args.configs or name in args.configs}
+
+
+def one_file_forward(context: dict, precision: str, threads: int) -> Callable[[dict], np.ndarray]:
+    """The export's one file as a user runs it: a plain session (ORT_ENABLE_ALL, `threads` intra-op threads), the
+    calibrated threshold fed to its `threshold` input; returns the logits of each row's exit."""
+    import onnxruntime as ort
+
+    from finetune.serve.onnx_single import SINGLE_FILES
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads, options.log_severity_level = threads, 1, 3
+    path = str(context["export"] / SINGLE_FILES[precision])
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    tau = context["thresholds"].get(f"ORT {precision}", {}).get("threshold")
+    rule = {"threshold": np.array(0.0 if tau is None else tau, dtype=np.float32)}  # None: none kept the accuracy
+
+    def forward(feed: dict) -> np.ndarray:
+        return session.run(["logits"], {**feed, **rule})[0]
+
+    return forward
 
 
 def time_cell(run: dict[str, Run], batch: int, rounds: int, labels: np.ndarray) -> dict:
@@ -329,8 +367,10 @@ def onnx_export(model_dir: Path, work: Path, max_length: int) -> Path:
 
     out = work / "ee_onnx"
     manifest = out / MANIFEST
-    if not (out / "checksums.json").is_file() or FORMAT not in manifest.read_text(encoding="utf-8"):
-        export_onnx(model_dir, out, max_length=max_length, overwrite=True)
+    text = manifest.read_text(encoding="utf-8") if manifest.is_file() else ""
+    if not (out / "checksums.json").is_file() or FORMAT not in text or '"strategy": "entropy"' not in text:
+        setting = EarlyExitSetting("entropy", 0.3)  # the one file's rule; the bench feeds its calibrated threshold
+        export_onnx(model_dir, out, max_length=max_length, overwrite=True, setting=setting)
     return out
 
 
@@ -354,6 +394,8 @@ def prepare(task_name: str, model_dir: Path, args: argparse.Namespace) -> dict:
     candidates = {"torch fp32": model, **{f"ORT {p}": OnnxLayers(export, p, 1) for p in ("fp32", "int8")}}
     if args.device == "cpu":
         candidates["torch int8"] = for_inference(model, "int8")
+    wanted = {CONFIGS[name][0] for name in args.configs or CONFIGS if CONFIGS[name][1]}
+    candidates = {key: runner for key, runner in candidates.items() if key in wanted}
     thresholds = {
         key: calibrate(runner, split, labels, floor, args.grid_points, both=key == "torch int8")
         for key, runner in candidates.items()
@@ -424,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-examples", type=int, default=None)
     parser.add_argument("--grid-points", type=int, default=40, help="entropy thresholds tried per calibration (of 40)")
     parser.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=True, help="the pipeline row")
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=None, help="only these rows")
     parser.add_argument("--device", default="cpu", help="where the torch rows run (cuda: a GPU)")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/serving_bench"))
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "serving")
