@@ -47,7 +47,6 @@ class OneFileEngine:
 
     def __init__(self, session: Any, feeds: dict[str, np.ndarray], exits: tuple[int, ...], batch_size: int) -> None:
         self.session, self.feeds, self.exits, self.batch_size = session, feeds, exits, batch_size
-        self.outputs = [o.name for o in session.get_outputs()]
         self.position = {layer: i + 1 for i, layer in enumerate(exits)}  # exit layer -> exit heads run
         self.done: list[tuple] = []
         self.next_slot = 0
@@ -65,9 +64,9 @@ class OneFileEngine:
             feeds = {
                 name: a[chunk, :longest] for name, a in zip(("input_ids", "attention_mask", "token_type_ids"), arrays)
             }
-            values = dict(zip(self.outputs, self.session.run(["logits", "exit_layer"], {**feeds, **self.feeds})))
+            logits, exit_layers = self.session.run(["logits", "exit_layer"], {**feeds, **self.feeds})
             slots = torch.arange(start + first, start + min(first + self.batch_size, rows))
-            self.done.append((slots, values["logits"], values["exit_layer"], lengths[chunk]))
+            self.done.append((slots, logits, exit_layers, lengths[chunk]))
             self.calls[0] += 1
             self.steps[0] += 1
         self.next_slot += rows
