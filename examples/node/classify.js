@@ -6,9 +6,9 @@
 // @huggingface/tokenizers, tokenizers in Rust, or any WordPiece implementation with the same vocabulary):
 //   {"input_ids": [[101, 2009, 102]], "attention_mask": [[1, 1, 1]], "token_type_ids": [[0, 0, 0]]}
 // Each output line: {"label": [...], "exit_layer": [...], "flops": [...], "probabilities": [[...]]}, one entry per
-// row; labels are class ids (the export's config.json maps them to names: id2label). The file runs the operating
-// point saved in it: onnxruntime-node feeds a session's `inputNames` only, so its optional threshold inputs keep
-// their saved values here (Python and C++ can feed them).
+// row; labels are class ids (the file's id2label metadata, also in the export's onnx/manifest.json, names them).
+// The file runs the operating point saved in it: onnxruntime-node feeds a session's `inputNames` only, so its
+// optional threshold inputs keep their saved values here (Python and C++ can feed them).
 "use strict";
 
 const fs = require("fs");

@@ -19,6 +19,7 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
+from finetune.serve.onnx_export import MANIFEST  # noqa: E402
 from finetune.serve.onnx_single import SINGLE_FILES  # noqa: E402
 from finetune.serve.predict import EarlyExitClassifier  # noqa: E402
 
@@ -66,6 +67,11 @@ def test_the_docs_python_lines_run_as_written_and_give_our_answers(served, dev_t
     assert got["flops"] == [r["flops"] for r in records]
 
 
+def _labels(export: Path) -> dict:
+    """The file's id2label (its metadata, copied into the manifest's single_file)."""
+    return json.loads((export / MANIFEST).read_text())["single_file"]["id2label"]
+
+
 def _node_or_skip() -> str:
     node = shutil.which("node")
     if node is None or not (NODE_DIR / "node_modules" / "onnxruntime-node").is_dir():
@@ -98,7 +104,7 @@ def test_node_serves_the_file_with_our_answers(served):
     )
     assert run.returncode == 0, run.stderr[-3000:]
     answers = [json.loads(line) for line in run.stdout.strip().splitlines()]
-    label_of = json.loads((export / "config.json").read_text())["id2label"]
+    label_of = _labels(export)
     alone = {key: [a[key][0] for a in answers[:-1]] for key in ("label", "exit_layer", "flops")}
     for got in (alone, answers[-1]):
         assert [label_of[str(label)] for label in got["label"]] == [r["label"] for r in records]
@@ -122,7 +128,7 @@ def test_cpp_serves_the_file_with_our_answers(served):
     run = subprocess.run([str(CPP_DIR / "classify"), model], input=lines, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     got = [list(map(int, line.split())) for line in run.stdout.strip().splitlines()]
-    label_of = json.loads((export / "config.json").read_text())["id2label"]
+    label_of = _labels(export)
     assert [label_of[str(label)] for label, _, _ in got] == [r["label"] for r in records]
     assert [layer for _, layer, _ in got] == [r["exit_layer"] for r in records]
     assert [flops for _, _, flops in got] == [r["flops"] for r in records]
