@@ -286,6 +286,14 @@ class SingleGraph:
         exits = sorted(traced.exits)
         self.exits = exits if plan.fires else exits[-1:]  # a rule that never fires runs the last exit only
         self.num_labels = plan.num_labels
+        self.layers: dict[int, Any] = {}
+
+    def layer(self, index: int) -> Any:
+        """Layer `index`'s piece at the file's precision, its residual additions ahead of a LayerNormalization written
+        as `Sum` (`unfused_residuals`)."""
+        if index not in self.layers:
+            self.layers[index] = unfused_residuals(self.traced.layers[self.precision][index])
+        return self.layers[index]
 
     def segment_layers(self, position: int) -> range:
         """The layers (0-based) run between exit `position - 1` and exit `position`."""
@@ -328,7 +336,7 @@ class SingleGraph:
             if hidden is None:
                 links = {"input_ids": "input_ids", "token_type_ids": "token_type_ids"}
                 hidden = scope.inline(self.traced.embeddings, "embeddings/", links)["embedded"]
-            piece = self.traced.layers[self.precision][index]
+            piece = self.layer(index)
             hidden = scope.inline(piece, f"layer{index}/", {"hidden": hidden, "mask": running.mask})["hidden_out"]
         layer = self.exits[position]
         head = scope.inline(self.traced.exits[layer], f"exit{layer}/", {"hidden": hidden, "mask": running.mask})
@@ -428,6 +436,23 @@ class SingleGraph:
             width = scope.const(np.int64(2 * self.plan.lte[0].shape[0]))
             total = scope.op("Add", [total, scope.op("Mul", [calls, width])], "flops")
         return total
+
+
+def unfused_residuals(piece: Any) -> Any:
+    """A copy of the layer `piece` whose residual additions that feed a LayerNormalization are `Sum` nodes (the same
+    a + b, bit for bit). Why: ONNX Runtime's default optimizations fuse Add → LayerNormalization into its
+    SkipLayerNormalization kernel, which on the CPU is slower than the kernels it replaces (`onnx_runtime`'s
+    DISABLED_FUSIONS: a step 389 → 487 µs); our sessions turn that fusion off, a user's plain session would not — the
+    fusion matches `Add` only, so the file itself opts out."""
+    import copy
+
+    piece = copy.deepcopy(piece)
+    producer = {name: node for node in piece.graph.node for name in node.output}
+    for node in piece.graph.node:
+        add = producer.get(node.input[0]) if node.op_type == "LayerNormalization" else None
+        if add is not None and add.op_type == "Add":
+            add.op_type = "Sum"
+    return piece
 
 
 def _named(value: np.ndarray, name: str) -> Any:
