@@ -101,8 +101,8 @@ def test_fp32_one_file_gives_the_engines_answers_for_every_rule(kind, onnx_model
         session = _session(single_file(traced[kind], "fp32", plan, model.config, metadata))
         rule = make_rule(name, setting.threshold, 2, patience=setting.patience, lte_head=head)
         layers = set()
-        for batch in (1, 32):
-            for ids, mask, types in _batches(sst2_dev, batch):
+        for batch in (1, 32):  # alone: the first 12 rows (CI time); in a batch: all 32
+            for ids, mask, types in list(_batches(sst2_dev, batch))[: 12 if batch == 1 else None]:
                 reference = run_batch(model, ids, mask, types, rule)
                 _same_answers(reference, _run(session, ids, mask, types), model.config, rule.head_width)
                 layers |= set(reference.exit_layers.tolist())
