@@ -46,7 +46,6 @@ from .onnx_graphs import ORT_DOMAIN, rename_tensors
 SINGLE_FORMAT = "elasticbert-onnx-single/1"
 SINGLE_FILES = {"fp32": "onnx/early_exit.onnx", "int8": "onnx/early_exit.int8.onnx"}
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-RULE_INPUTS = {"threshold": "float", "patience": "int64", "delta": "float"}  # what a rule may read at run time
 
 
 @dataclass
@@ -130,8 +129,7 @@ class _Scope:
         from onnx import helper
 
         names = [self.name(hint or op_type.lower()) for _ in range(outputs)]
-        domain = ORT_DOMAIN if op_type == "MatMulIntegerToFloat" else ""
-        self.nodes.append(helper.make_node(op_type, inputs, names, domain=domain, **attrs))
+        self.nodes.append(helper.make_node(op_type, inputs, names, **attrs))
         return names[0] if outputs == 1 else names
 
     def inline(self, piece: Any, prefix: str, links: dict[str, str]) -> dict[str, str]:
@@ -301,6 +299,7 @@ class SingleGraph:
         return range(start, self.exits[position])
 
     def model(self) -> Any:
+        """The `onnx.ModelProto`: inputs, the first segment (and through its `If`, the rest), the outputs."""
         from onnx import TensorProto, helper
 
         top = _Scope("")
