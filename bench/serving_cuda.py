@@ -85,12 +85,12 @@ def measure(device: str, quick: bool) -> dict:
     provider = "CUDAExecutionProvider" if device == "cuda" else "CPUExecutionProvider"
     if provider not in ort.get_available_providers():
         return {"skipped": f"{provider} is not available (onnxruntime {ort.__version__}: pip install onnxruntime-gpu)"}
-    model, ids, mask, lengths = queued_gpu.bench_classifier("cpu", quick, 48 if quick else 256)
+    model, ids, mask, lengths = queued_gpu.bench_classifier("cpu", quick, 24 if quick else 256)
     on_providers = [provider, "CPUExecutionProvider"] if provider != "CPUExecutionProvider" else [provider]
     cpu, on = sessions(model, ["CPUExecutionProvider"]), sessions(model, on_providers)
     cfg, layers = model.config, model.config.num_hidden_layers
     full_flops = sum(sample_flops(cfg, int(n), layers).total for n in lengths)
-    rows, repeats = [], 2 if quick else 5
+    rows, repeats = [], 1 if quick else 5
     for batch in (1, 32):
         feeds = batches(ids, mask, lengths, batch)
         full_seconds, _ = timed(on["full"], feeds, {}, repeats)

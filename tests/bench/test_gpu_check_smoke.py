@@ -33,7 +33,7 @@ def test_gpu_check_fast_runs_on_the_cpu_and_ends_with_the_table(tmp_path):
     assert {name for name, _, code in results["parts"] if code == 0} == {"corpus", "tests", "overhead", "onnx-cuda"}
     assert json.loads((out / "onnx_cuda.json").read_text())["rows"]  # the one-file ONNX part ran (CPU provider)
     table = (out / "gpu_check.md").read_text().strip().splitlines()
-    assert table[-1].startswith("| part: overhead | pass")  # the report ends with the table
+    assert table[-1].startswith("| part: onnx-cuda | pass")  # the report ends with the table
     rows = "\n".join(table)
     assert "| preflight on this node (pretrain preflight) | pass |" in rows
     assert "| trainer step ÷ model step (bf16, h64 L4, seq 64, micro 4 x 2) |" in rows
