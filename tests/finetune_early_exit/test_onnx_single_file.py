@@ -110,8 +110,9 @@ def test_fp32_one_file_gives_the_engines_answers_for_every_rule(kind, onnx_model
 
 
 def test_int8_one_file_equals_the_int8_engine_and_a_row_alone(single_file_export, sst2_dev):
-    """int8: the file's answers are the per-layer int8 engine's, logits equal bit for bit, and a row's answer in a
-    batch of 32 is its answer alone (per-token activation scales: batch-invariant; logits within float rounding)."""
+    """int8: the file's answers are the per-layer int8 engine's (logits bit for bit alone, within float rounding in
+    a batch, where the file pads each length group to its own longest row), and a row's answer in a batch of 32 is
+    its answer alone (per-token activation scales: batch-invariant; logits within float rounding)."""
     model, export, setting = single_file_export
     pieces = OnnxLayers(export, "int8", threads=1)
     session = _session(onnx.load(str(export / SINGLE_FILES["int8"])))
@@ -121,7 +122,10 @@ def test_int8_one_file_equals_the_int8_engine_and_a_row_alone(single_file_export
             reference = run_batch(pieces, ids, mask, types, make_rule("entropy", setting.threshold, 2))
             got = _run(session, ids, mask, types)
             _same_answers(reference, got, model.config, tol=1e-6)
-            assert np.array_equal(got["logits"], reference.logits.numpy())
+            if batch == 1:  # the same tokens: the same int8 arithmetic, bit for bit
+                assert np.array_equal(got["logits"], reference.logits.numpy())
+            else:  # the file pads each length group to its own longest row: float rounding apart
+                assert float(np.abs(got["logits"] - reference.logits.numpy()).max()) <= 1e-5
             if batch == 1:
                 alone["logits"].append(got["logits"])
                 alone["exit_layer"].append(got["exit_layer"])
