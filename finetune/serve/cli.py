@@ -434,8 +434,11 @@ copied. The directory is written beside OUTPUT and renamed when complete. See `e
 head fused in and the embeddings ahead of the first (fp32 and int8: per-channel weights, one activation scale per
 token) — with its tokenizer, its saved early-exit setting
 (`save-early-exit` first) and checksums, one directory to copy to a server; `predict --runtime onnxruntime` and
-`EarlyExitClassifier.from_pretrained(DIR, runtime="onnxruntime")` serve it with the same engine and rules. Needs
-`pip install '.[export]'` (onnx, onnxruntime). See `finetune.serve.onnx_export`.
+`EarlyExitClassifier.from_pretrained(DIR, runtime="onnxruntime")` serve it with the same engine and rules. Beside the
+pieces it writes onnx/early_exit.onnx and onnx/early_exit.int8.onnx: the whole early-exit model in one file each,
+the saved rule inside the graph, which any ONNX Runtime serves with no code of ours (Python, Node.js, C++; our own
+`predict` uses it at --batch-size 1): docs/onnx_single_file.md. Needs `pip install '.[export]'` (onnx, onnxruntime).
+See `finetune.serve.onnx_export` and `finetune.serve.onnx_single`.
 """
 
 
@@ -494,9 +497,11 @@ def export_main(args: argparse.Namespace) -> int:
         check_max_length_of_config(directory, max_length)
         manifest = export_onnx(directory, args.output, max_length=max_length, overwrite=args.overwrite)
         steps = manifest["pieces"]["steps"]["fp32"]
+        single = manifest["single_file"]
         print(
             f"exported {args.model} -> {args.output} (ONNX: {len(steps)} steps - layer, its exit, the embeddings "
-            f"ahead of the first - in fp32 and int8, exits {manifest['exit_layers']}, max_length {max_length})"
+            f"ahead of the first - in fp32 and int8, exits {manifest['exit_layers']}, max_length {max_length}; "
+            f"one-file early exit, rule {single['rule']}: {', '.join(single['files'].values())})"
         )
         return 0
     if args.max_length is not None:

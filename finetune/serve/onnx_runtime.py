@@ -34,6 +34,7 @@ from elasticbert.verification import checksum_verification, verify_model_directo
 
 from .onnx_export import FORMAT, MANIFEST, OLD_FORMATS
 from .onnx_graphs import EXIT_ROWS
+from .onnx_one_file import ONE_FILE_MAX_BATCH, OneFileEngine, one_file_session, rule_feeds
 
 RUNTIMES = ("torch", "onnxruntime")
 
@@ -125,7 +126,7 @@ class OnnxLayers(LayerRunner):
 
     def __init__(self, directory: str | Path, precision: str = "fp32", threads: int | None = None) -> None:
         try:
-            import onnxruntime as ort
+            import onnxruntime  # noqa: F401
         except ImportError as err:
             raise ConfigError("--runtime onnxruntime needs onnxruntime: pip install '.[serve]'") from err
         if precision not in PRECISIONS:
@@ -143,23 +144,44 @@ class OnnxLayers(LayerRunner):
         self.step_cost = ONNX_STEP_COST
         self.threads = threads or torch.get_num_threads()
 
-        def session(name: str, threads: int = 1) -> Any:
-            options = _session_options(threads)
-            return ort.InferenceSession(
-                str(self.directory / name),
-                options,
-                providers=["CPUExecutionProvider"],
-                disabled_optimizers=DISABLED_FUSIONS,
-            )
-
+        session = self._session
         self.steps = [session(name) for name in steps]
         self.parallel_steps = [session(name, self.threads) for name in steps] if self.threads > 1 else self.steps
+        self._one_file: tuple | None = None  # (session, the manifest's single_file), opened when first asked for
         self.has_exit = [layer is not None for layer in step_exits]
         self.outputs = [[o.name for o in s.get_outputs()] for s in self.steps]
         self._rows = {n: np.array([n], dtype=np.int64) for n in (0, 1)}
 
+    def _session(self, name: str, threads: int = 1) -> Any:
+        import onnxruntime as ort
+
+        options = _session_options(threads)
+        options.log_severity_level = 3  # the one file's optional thresholds are noted as a warning: expected
+        return ort.InferenceSession(
+            str(self.directory / name),
+            options,
+            providers=["CPUExecutionProvider"],
+            disabled_optimizers=DISABLED_FUSIONS,
+        )
+
     def eval(self) -> OnnxLayers:
         return self
+
+    def one_file_engine(self, rule: Any, batch_size: int) -> OneFileEngine | None:
+        """The export's one file as the stream's engine for `rule` at `batch_size` (`onnx_one_file`), or None where
+        the per-layer queues serve: a batch size above `ONE_FILE_MAX_BATCH`, an export without the file, a rule the
+        file does not hold."""
+        if batch_size > ONE_FILE_MAX_BATCH:
+            return None
+        if self._one_file is None:
+            opened = one_file_session(self.directory, self.manifest, self.inference_precision, self._session)
+            self._one_file = opened or (None, None)
+        session, single = self._one_file
+        feeds = rule_feeds(single, rule) if session is not None else None
+        exits = self.exit_layers if rule.can_fire else self.exit_layers[-1:]
+        if feeds is None or tuple(single.get("exit_layers") or ()) != exits:
+            return None
+        return OneFileEngine(session, feeds, exits, batch_size)
 
     def step(
         self, index: int, inputs: torch.Tensor | EmbeddingInputs, mask: torch.Tensor, padded: bool, with_exit: bool

@@ -183,11 +183,15 @@ class EarlyExitClassifier:
             progress(len(records))
         return records
 
-    def stream(self, batch_size: int | None = None, max_wait: float | None = None) -> PredictionStream:
+    def stream(
+        self, batch_size: int | None = None, max_wait: float | None = None, one_file: bool = True
+    ) -> PredictionStream:
         """A `PredictionStream`: inputs submitted as they come, records handed out in input order, every layer call
         a full batch of `batch_size` rows (default: the classifier's) of whatever inputs reached that layer; a row
-        waits at most `max_wait` seconds for its batch to fill (default: until it fills or the stream flushes)."""
-        return PredictionStream(self, batch_size or self.batch_size, max_wait)
+        waits at most `max_wait` seconds for its batch to fill (default: until it fills or the stream flushes). On
+        ONNX Runtime at batch size 1 the export's one file serves instead (`onnx_one_file`; `one_file=False`: the
+        per-layer queues all the same)."""
+        return PredictionStream(self, batch_size or self.batch_size, max_wait, one_file)
 
 
 def _checked_rule(
