@@ -20,8 +20,8 @@ from ..config import load_run_config
 from ..data import EncodedSplit, forward_in_order, load_tokenizer, subsample
 from ..model import check_max_length, exit_logits, load_finetuned, model_device, resolve_device
 from ..plots import plot_layer_curve
-from ..results import check_earlier_result, data_source, result_identity
-from ..task_check import check_task_fits
+from ..results import check_earlier_result, data_files, data_source, result_identity
+from ..task_check import check_data_fits, check_task_fits
 from ..tasks import DataError, Example, MissingSplitError, TaskSpec, get_task, load_split, predictions_from_outputs
 
 EVALUATION = Output(
@@ -116,19 +116,25 @@ def evaluate_model(
 
     `max_length` defaults to the training run's (RUN/run_config.json beside RUN/best), else 128. Exits that were
     never trained are scored with a warning and listed under `untrained_exits`. A task whose labels the model's head
-    does not have is refused (`task_check`). An `output` holding the evaluation of another model or configuration is
-    refused unless `overwrite` (then its prediction files are replaced too); an `output` that is the model, inside
-    an input, or a folder another command wrote is refused (`common.outputs`). A run that fails leaves nothing it
-    created in `output` (not the folder either, when it made it) and never another model's dev_scores.json beside
-    its own files.
+    does not have is refused (`task_check`), and so are rows that say they are another task's (a folder named for
+    one, another task's columns) when the task was taken from the model. An `output` holding the evaluation of
+    another model, configuration or data (the identity records every file's sha256) is refused unless `overwrite`
+    (then its prediction files are replaced too); an `output` that is the model, inside an input, or a folder another
+    command wrote is refused (`common.outputs`). A run that fails leaves nothing it created in `output` (not the
+    folder either, when it made it) and never another model's dev_scores.json beside its own files.
     """
     check_counts(batch_size=batch_size, max_examples=max_examples)
     check_output(output, EVALUATION, [("--model", model_dir), ("--data-dir", data_dir)], overwrite)
     model_dir, model, max_length = _load_for_scoring(model_dir, device, max_length)
     task, exit_layer = _task_and_exit(model, model_dir, task_name, predict_exit)
+    specs, splits = companion_tasks(task), [split, "test"] if test else [split]
+    for spec in specs:  # the rows are the task's: a folder or file of another task is refused unless --task says so
+        if note := check_data_fits(spec, data_dir, splits, task_given=task_name is not None):
+            print(f"finetune: note: {note}", file=sys.stderr, flush=True)
     out_dir = Path(output)
     settings = dict(split=split, data_dir=data_source(data_dir), max_examples=max_examples, max_length=max_length)
     identity = result_identity(model_dir, task=task.name, **settings)
+    identity["data_files"] = data_files(specs, data_dir, splits)  # the sha256 of every file scored or predicted
     if not overwrite:
         check_earlier_result(out_dir / "dev_scores.json", identity, "evaluation", "--overwrite to replace it")
     with removed_on_failure(out_dir):
@@ -143,7 +149,6 @@ def evaluate_model(
             "tasks": {},
         }
         tokenizer = load_tokenizer(model_dir)
-        specs = companion_tasks(task)
         for spec in specs:
             result["tasks"][spec.name] = _evaluate_task(
                 model, tokenizer, spec, data_dir, out_dir, split, max_examples, batch_size, max_length, len(specs) > 1

@@ -50,6 +50,7 @@ from ..config import DataConfig, FinetuneConfig, save_run_config
 from ..data import UNK_SAMPLE, EncodedSplit, check_vocabulary_fits, load_tokenizer, subsample, unk_counts, unk_refusal
 from ..model import build_model, freshly_initialised_exits, model_device, resolve_device, set_frozen
 from ..plots import plot_layer_curve
+from ..results import data_files
 from ..score.evaluation import per_exit_scores, predict_exits
 from ..tasks import Example, TaskSpec, get_task, load_split
 from .acl_grad import gated_backward
@@ -342,6 +343,7 @@ class Trainer:
             "trained_exits": getattr(self.model.config, "trained_exits", None),
             "stopped_early": self.dev.stopped_early,
             "history": self.dev.history,
+            "data_files": data_files([self.task], self.cfg.data.dir, ("train", "dev")),  # their sha256
         }
 
     def save(self, summary: dict) -> None:
