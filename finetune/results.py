@@ -49,6 +49,13 @@ def data_files(tasks: Sequence[TaskSpec], data_dir: str | Path | None, splits: S
     return dict(sorted(files.items()))
 
 
+def with_data_files(summary: dict, task: TaskSpec, data_dir: str | Path | None) -> dict:
+    """`finetune train`'s dev_scores.json: `summary` with the sha256 of the train and dev files it was trained and
+    selected on (`data_files`), added in place."""
+    summary["data_files"] = data_files([task], data_dir, ("train", "dev"))
+    return summary
+
+
 def data_source(data_dir: str | Path | None) -> str | None:
     """Where the rows came from, as an identity records it: a resolved local path, or the hub name (`hf:...`)."""
     if data_dir is None or str(data_dir).startswith("hf:"):

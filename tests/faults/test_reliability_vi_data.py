@@ -230,7 +230,7 @@ def data(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("data")
     for folder, source in (("SST-2", "SST-2"), ("IMDb", "SST-2"), ("questions", "QNLI")):
         (root / folder).mkdir()
-        for split in ("dev", "test"):
+        for split in ("train", "dev", "test") if folder == "SST-2" else ("dev", "test"):
             lines = (GLUE / source / f"{split}.tsv").read_text(encoding="utf-8").splitlines()[:9]
             (root / folder / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return root
@@ -292,3 +292,28 @@ def test_a_file_with_another_tasks_columns_is_refused_by_evaluate_and_predict(tm
     code, _, err = _finetune(capsys, argv)
     line = _error(err, "finetune")
     assert code == 2 and f"{qnli}:1 has column 'question' (QNLI's)" in line and "--task SST-2" in line, err
+
+
+def test_every_scores_file_records_the_sha256_of_its_data(tmp_path, data, sst2, capsys):
+    """Issue 59: the dev/test files' sha256 are written into every scores file: `finetune train`'s dev_scores.json
+    (train and dev), `early-exit`'s result (its split). A dev file edited at the same path is other data: merging a
+    new sweep into the earlier result is refused, naming `data_files`."""
+    glue = tmp_path / "glue"
+    shutil.copytree(data / "SST-2", glue / "SST-2")
+    run = tmp_path / "run"
+    argv = ["train", "--model", str(minilm_dir()), "--task", "SST-2", "--data-dir", str(glue), "--output", str(run)]
+    argv += ["--layers", "1", "--train-steps", "1", "--batch-size", "4", "--max-length", "32", "--no-progress"]
+    assert _finetune(capsys, argv)[0] == 0
+    files = {f"SST-2/{n}.tsv": _sha256(glue / "SST-2" / f"{n}.tsv") for n in ("train", "dev")}
+    assert json.loads((run / "dev_scores.json").read_text())["data_files"] == files
+
+    out = tmp_path / "ee"
+    sweep = ["early-exit", "--model", str(sst2), "--task", "SST-2", "--data-dir", str(glue), "--output", str(out)]
+    sweep += ["--strategy", "entropy", "--sweep", "0.3,0.5"]
+    assert _finetune(capsys, sweep)[0] == 0
+    result = out / "early_exit_SST-2_dev_bs32.json"
+    assert json.loads(result.read_text())["identity"]["data_files"] == {"SST-2/dev.tsv": files["SST-2/dev.tsv"]}
+    dev = glue / "SST-2" / "dev.tsv"
+    dev.write_text(dev.read_text(encoding="utf-8").replace("\t1\n", "\t0\n", 1), encoding="utf-8")
+    code, _, err = _finetune(capsys, sweep)
+    assert code == 2 and "data_files" in _error(err, "finetune") and f"{result} holds" in err, err
