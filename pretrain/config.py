@@ -173,6 +173,8 @@ class CheckpointConfig:
     interval: int = 1000
     keep_last: int = 3
     force_resume: bool = False  # resume even when the checkpoint was written under a different config
+    # resume on corpora other than the checkpoint's (their fingerprints differ): the sample order starts over on them
+    resume_on_new_data: bool = False
     verify_checksums: bool = True  # check checksums.json before resuming (false: only truncated files are refused)
     dump_final_weights: bool = False  # write the gathered in-memory fp32 weights at the end (verifies export)
 
