@@ -306,12 +306,21 @@ def _write(fd: int | None, file: Path, part: Part) -> None:
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
     }
     data = (json.dumps(record) + "\n").encode()
-    if fd is None:
-        with open(file, "wb") as handle:
-            handle.write(data)
-        return
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, data, 0)
+    try:
+        if fd is None:
+            with open(file, "wb") as handle:
+                handle.write(data)
+        else:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            err.filename = err.filename or str(file)
+            raise
+        # a full disk: the lock holds without the record (a refused process says "not written its name yet"); the
+        # command fails on its own first write, naming its own file
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0) if fd is not None else file.write_bytes(b"")
 
 
 def _read_record(fd: int, wait: bool = False) -> dict:

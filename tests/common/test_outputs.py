@@ -199,9 +199,8 @@ def test_a_dead_holders_claim_is_taken_over_and_said(tmp_path, capsys):
     """SIGKILL leaves the claim's file behind but not its lock: the next command takes it over with a note naming the
     dead holder; a forked child of a holder does not keep the claim alive."""
     out = tmp_path / "sub" / "p.jsonl"
-    code = HOLDER.replace(
-        'print("held", flush=True)', 'pid = __import__("os").fork()\n    print("held" if pid else "", flush=True)'
-    )
+    forking = 'pid = __import__("os").fork()\n    print("held" if pid else "forked", flush=True)'  # (after its hooks)
+    code = HOLDER.replace('print("held", flush=True)', forking)
     killed = subprocess.Popen(
         [sys.executable, "-c", code, str(out), "0", "", "-"],
         cwd=REPO,
@@ -209,7 +208,7 @@ def test_a_dead_holders_claim_is_taken_over_and_said(tmp_path, capsys):
         stdout=subprocess.PIPE,
         text=True,
     )
-    assert killed.stdout.readline().strip() == "held"
+    assert {killed.stdout.readline().strip(), killed.stdout.readline().strip()} == {"held", "forked"}
     os.kill(killed.pid, signal.SIGKILL)
     killed.wait()
     assert json.loads((tmp_path / "sub" / ".p.jsonl.claim" / "0").read_text())["pid"] == killed.pid
