@@ -20,8 +20,10 @@ from tiny_models import saved_classifier
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-ON = {node: ["--partition=multi", f"--nodelist={node}", "--nodes=1", "--ntasks=1", "--cpus-per-task=1", "--time=5"]
-      for node in ("ebnode1", "ebnode2")}
+ON = {
+    node: ["--partition=multi", f"--nodelist={node}", "--nodes=1", "--ntasks=1", "--cpus-per-task=1", "--time=5"]
+    for node in ("ebnode1", "ebnode2")
+}
 
 
 def predict_job(tmp_path: Path, name: str, command: str) -> Path:
@@ -46,8 +48,10 @@ def test_an_output_claimed_on_one_host_is_refused_on_another_and_taken_over_when
     holder = predict_job(tmp_path, "holder", f"sleep 300 | {predict} --input -")  # a stream that stays open
     holder_id = slurm_cluster.sbatch(*ON["ebnode1"], f"--output={holder_log}", str(holder), env=env)
     slurm_cluster.wait_until(
-        "the holder to read its stream", lambda: "; rule:" in holder_log.read_text() if holder_log.exists() else False,
-        timeout=180, job_id=holder_id,
+        "the holder to read its stream",
+        lambda: "; rule:" in holder_log.read_text() if holder_log.exists() else False,
+        timeout=180,
+        job_id=holder_id,
     )
     claim = json.loads((tmp_path / "shared" / ".conc.jsonl.claim" / "0").read_text())
     assert claim["host"] == "ebnode1" and claim["slurm_job_id"] == holder_id
@@ -65,8 +69,12 @@ def test_an_output_claimed_on_one_host_is_refused_on_another_and_taken_over_when
 
     r = slurm_cluster.run("scancel", "--signal=KILL", "--full", holder_id)  # no clean-up: the claim's file stays
     assert r.returncode == 0, r.stderr
-    slurm_cluster.wait_until("the holder to end", lambda: slurm_cluster.job(holder_id)["JobState"] in (
-        "CANCELLED", "FAILED", "COMPLETED"), timeout=60, job_id=holder_id)
+    slurm_cluster.wait_until(
+        "the holder to end",
+        lambda: slurm_cluster.job(holder_id)["JobState"] in ("CANCELLED", "FAILED", "COMPLETED"),
+        timeout=60,
+        job_id=holder_id,
+    )
     deadline = time.monotonic() + 30  # its python gone from ebnode1's namespace
     while any(c == "python" for c in slurm_cluster.node_processes("ebnode1").values()) and time.monotonic() < deadline:
         time.sleep(0.2)
