@@ -1,19 +1,25 @@
 """Where a command may write: the one rule of every command that takes `--output`, so that no command deletes, or
-writes into, what it did not write.
+writes into, what it did not write, and no two processes write one output at once.
 
 An output is a file (predict's JSONL, elue-score's JSON, a diagnostics PNG) or a folder (a run directory, an
-evaluation, an export, a prepared corpus). `check_output` runs before anything is loaded and refuses, in one line that
-says what the path is:
+evaluation, an export, a prepared corpus). `check_output` runs before anything is loaded. Inside a command it first
+claims the output (`common.claims`: while another live process - on this host or another sharing the file system -
+holds it, refused in one line naming it; held until the command ends), and then refuses, in one line that says what
+the path is:
 
-- an output that is one of the command's inputs (a hard link to one included) or lies inside an input folder
-  (`--output RUN/best/x.jsonl` with `--model RUN/best`), compared after resolving symbolic links, so that a link to
-  the model is the model; and a folder that holds an input when the command may remove what the folder holds
-  (`overwrite`, a folder written whole, a run directory): replacing it would delete the input;
+- an output that is one of the command's inputs (its model, input files, config files, DeepSpeed JSON, operating
+  point, ...; a hard link to one included) or lies inside an input folder (`--output RUN/best/x.jsonl` with `--model
+  RUN/best`); and a folder that holds an input when the command may remove what the folder holds (`overwrite`, a
+  folder written whole, a run directory): replacing it would delete the input. Paths are compared by what they are
+  (device and inode of the path and of the folders above it), not how they are spelled: a symbolic link, `..`, a
+  bind mount or another case of one folder is that folder;
 - a file output that is a folder, of any kind: `--overwrite` replaces a file, never a folder;
 - a folder output that is a file, or a folder another command wrote (`folder_kind`: a model directory, a pre-training
   checkpoint folder or run, a fine-tuning run, a prepared corpus, a dedup output, ...) unless it is one of this
   command's own kinds (`Output.accepts`; the folders of results - evaluations, early-exit results, submissions - are
   shared by the commands that write results, which keep another model's results apart by identity);
+- a run directory holding a file of a name its runs write (`Output.writes`) that no run wrote there (not in its
+  `.run_files.json`, `common.run_dir`): a user's own `events.jsonl` is never appended to, nor replaced;
 - an existing file, or a non-empty folder the command writes whole, that is not this command's own output: without
   `--overwrite` it is never replaced; with it, only when the command recognises it as its own (`Output.own`: its
   format — a predictions JSONL, an export of the same layout). An empty file holds nothing to lose.
@@ -121,7 +127,8 @@ class Output:
     written whole and replaced with --overwrite; `exclusive`: a run directory, which may hold no input either).
     `what` names it in messages ("a JSONL file of predictions"); `own(path)` recognises an existing output this
     command wrote (its format); `accepts` are the folder kinds of `folder_kind` the command writes into (its own: a
-    run it resumes, an evaluation it adds to)."""
+    run it resumes, an evaluation it adds to); `writes`, of a run directory, the names (glob patterns) its runs write
+    at its top, which a run takes over only where a run wrote them (`common.run_dir`)."""
 
     command: str
     what: str
@@ -150,20 +157,6 @@ def _identity(path: Path) -> tuple[int, int] | None:
 def _ancestors(path: Path) -> set[tuple[int, int]]:
     """The identities of the existing folders above `path`."""
     return {ident for parent in path.parents if (ident := _identity(parent)) is not None}
-
-
-def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
-    """Whether `a` and `b` are one file or folder (both exist), compared by what they are, not how they are
-    spelled."""
-    ident = _identity(_real(a))
-    return ident is not None and ident == _identity(_real(b))
-
-
-def is_inside(inner: str | os.PathLike, outer: str | os.PathLike) -> bool:
-    """Whether `inner` (which need not exist yet) lies inside the existing folder `outer`, by identity: `outer` is
-    one of the folders above `inner`."""
-    ident = _identity(_real(outer))
-    return ident is not None and ident in _ancestors(_real(inner))
 
 
 def local_inputs(inputs: Iterable[tuple[str, object]]) -> list[tuple[str, str, Path]]:

@@ -302,6 +302,35 @@ def test_sigterm_leaves_no_temporary_and_no_claim(tmp_path, sst2):
     assert not (tmp_path / "sub").exists()  # made for this output: nothing of it is left
 
 
+def test_a_folder_for_a_file_and_a_file_for_a_folder_are_said_as_such(tmp_path, capsys, sst2):
+    """Part 5: a folder where a file is expected said "no such file", "cannot tell its format from the suffix", "unknown
+    recipe", "cannot read it (Is a directory)", and a file where a folder is expected "does not exist" or "not found".
+    Each is now one line that says which it is."""
+    from data_prep.__main__ import main as data_prep
+    from pretrain.__main__ import main as pretrain
+
+    folder, file = tmp_path / "folder", tmp_path / "file.txt"
+    folder.mkdir()
+    file.write_text("a fine film\n")
+    predict = ["predict", "--model", str(sst2), "--input", str(file)]
+    train = ["train", "--model", str(sst2), "--task", "SST-2", "--output", str(tmp_path / "run")]
+    cases = [
+        (main, ["predict", "--model", str(sst2), "--input", str(folder)], f"--input {folder}: is a folder, not a file"),
+        (main, [*predict, "--operating-point", str(folder)], f"{folder}: is a folder, not a file"),
+        (main, ["train", "--config", str(folder), "--output", str(tmp_path / "r")], f"{folder}: is a folder, not a"),
+        (main, [*train, "--data-dir", str(folder), "--ds-config", str(folder)], f"{folder} is a folder, not a file"),
+        (main, [*train, "--data-dir", str(file)], f"data directory {file} is a file, not a folder"),
+        (main, ["elue-score", "--baseline", str(folder), "--points", str(folder)], f"{folder}: is a folder, not a"),
+        (main, ["evaluate", "--model", str(file), "--output", str(tmp_path / "e")], f"{file}: is a file, not a folder"),
+        (pretrain, ["train", "--config", str(folder), "--output", str(tmp_path / "p")], f"{folder}: is a folder, not"),
+        (data_prep, ["verify", str(file)], f"{file}: is a file, not a folder"),
+    ]
+    for entry, argv, said in cases:
+        code, err = run(capsys, argv, entry)
+        prog = {main: "finetune", pretrain: "pretrain", data_prep: "data_prep"}[entry]
+        assert code == 2 and said in one_error(err, prog), (argv, err)
+
+
 def test_a_moved_module_run_as_a_program_names_its_new_home():
     """Part 5: `python -m finetune.predict_cli` (moved to finetune/serve/cli.py) ended in an AttributeError traceback
     from runpy; now one line with the new module and how the commands run, exit 2."""
