@@ -108,13 +108,6 @@ class Claim:
             with contextlib.suppress(OSError):
                 folder.rmdir()
 
-    def __enter__(self) -> Claim:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
 _HELD: dict[Path, Claim] = {}  # this process's claims, by their part file
 _COMMAND: list[tuple[str, str]] = []  # (program, command line) running (common.cli.run_command); empty: not in one
 

@@ -58,8 +58,9 @@ def describe_write_error(err: BaseException) -> str:
 
 
 def prepare_run_dir(run_dir: Path, rank: int = 0) -> None:
-    """Create RUN, prove this rank can write there (shared filesystems differ per node), and record the names the
-    run writes there (RUN/.run_files.json) before it writes any of them."""
+    """Create RUN, prove this rank can write there (shared filesystems differ per node), and (rank 0) record the
+    names the run writes there (RUN/.run_files.json, from its claim: `common.outputs.check_output`) before it writes
+    any of them."""
     try:
         if run_dir.exists() and not run_dir.is_dir():
             raise RunDirError(f"run directory {run_dir} is a file, not a directory")
@@ -68,7 +69,7 @@ def prepare_run_dir(run_dir: Path, rank: int = 0) -> None:
         probe.write_text("ok")
         probe.unlink()
         claim = claims.held(run_dir)
-        if claim is not None and claim.run_files:
+        if rank == 0 and claim is not None and claim.run_files:  # one writer (another host's temporary looks dead)
             record_run_files(run_dir, claim.run_files)
     except OSError as e:
         raise RunDirError(f"run directory {run_dir} is not writable: {e.strerror or e}") from None
@@ -82,7 +83,7 @@ def listed_run_files(run_dir: Path) -> list[str] | None:
 
 
 def record_run_files(run_dir: Path, patterns: Iterable[str]) -> None:
-    """Add `patterns` to RUN/.run_files.json (every rank writes the same list; each write is atomic)."""
+    """Add `patterns` to RUN/.run_files.json (atomically)."""
     listed = set(listed_run_files(run_dir) or ())
     wanted = listed | set(patterns)
     if wanted != listed:
