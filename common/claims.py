@@ -108,6 +108,7 @@ class Claim:
             with contextlib.suppress(OSError):
                 folder.rmdir()
 
+
 _HELD: dict[Path, Claim] = {}  # this process's claims, by their part file
 _COMMAND: list[tuple[str, str]] = []  # (program, command line) running (common.cli.run_command); empty: not in one
 
@@ -401,7 +402,6 @@ def forget_in_child() -> None:
             with contextlib.suppress(OSError):
                 os.close(claim.fd)
     _HELD.clear()
-    _COMMAND.clear()
 
 
 def release_all() -> None:
