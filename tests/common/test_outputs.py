@@ -199,7 +199,8 @@ def test_a_dead_holders_claim_is_taken_over_and_said(tmp_path, capsys):
     """SIGKILL leaves the claim's file behind but not its lock: the next command takes it over with a note naming the
     dead holder; a forked child of a holder does not keep the claim alive."""
     out = tmp_path / "sub" / "p.jsonl"
-    forking = 'pid = __import__("os").fork()\n    print("held" if pid else "forked", flush=True)'  # (after its hooks)
+    # the child says so after its fork hooks ran; each line in one write (the two share the pipe)
+    forking = 'os = __import__("os")\n    os.write(1, b"held\\n" if os.fork() else b"forked\\n")'
     code = HOLDER.replace('print("held", flush=True)', forking)
     killed = subprocess.Popen(
         [sys.executable, "-c", code, str(out), "0", "", "-"],
