@@ -157,8 +157,7 @@ def _take(output: Path, file: Path, part: Part, head: str) -> Claim:
             claim.release(force=True)
             raise
         for record in stale:
-            note = f"{head}: taking over the claim of {describe(record)}, which ended without giving it back"
-            print(f"{_prog()}note: {note}", file=sys.stderr, flush=True)
+            _say_taken_over(head, record)
         return claim
     raise ClaimError(f"{head}: cannot claim it ({file.parent} keeps changing under this process)")
 
@@ -181,11 +180,14 @@ def _make_folders(folder: Path) -> list[Path]:
 
 def _lock_part(file: Path, head: str) -> tuple[int | None, list[dict]] | None:
     """`file` open and locked by this process with the record it held (a dead holder's, else none), or None when
-    it changed meanwhile (try again)."""
+    it changed meanwhile (try again). Without flock: (None, []) when this process created it."""
     try:
         file.parent.mkdir(exist_ok=True)
-        fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o644)
-    except FileNotFoundError:  # the folder went with its last holder between the two calls
+        try:
+            fd, created = os.open(file, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+        except FileExistsError:
+            fd, created = os.open(file, os.O_RDWR), False
+    except FileNotFoundError:  # the folder or the file went with its last holder meanwhile
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -197,7 +199,7 @@ def _lock_part(file: Path, head: str) -> tuple[int | None, list[dict]] | None:
         os.close(fd)
         if err.errno not in NO_FLOCK:
             raise
-        return _create_part(file, head)
+        return (None, []) if created else _unlocked_part(file, head)
     if not _is_current(fd, file):
         os.close(fd)
         return None
@@ -205,20 +207,22 @@ def _lock_part(file: Path, head: str) -> tuple[int | None, list[dict]] | None:
     return fd, [record] if record else []
 
 
-def _create_part(file: Path, head: str) -> tuple[None, list[dict]] | None:
-    """Without flock: the part's file created exclusively; one left by a dead process of this host is removed."""
-    try:
-        os.close(os.open(file, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644))
-        return None, []
-    except FileExistsError:
-        pass
+def _unlocked_part(file: Path, head: str) -> None:
+    """Without flock, another process's part file: removed (try again) when its holder is a dead process of this
+    host; else refused, with the file to remove if that process is gone."""
     record = read_record(file)
-    if record.get("host") == socket.gethostname() and not _alive(record.get("pid")):
-        with contextlib.suppress(FileNotFoundError):
-            file.unlink()
-        return None
-    hint = f" (this file system has no locks: if that process is gone, remove {file})"
-    raise _held(head, record, file, hint)
+    if record.get("host") != socket.gethostname() or _alive(record.get("pid")):
+        hint = f" (this file system has no locks: if that process is gone, remove {file})"
+        raise _held(head, record, file, hint)
+    _say_taken_over(head, record)
+    with contextlib.suppress(FileNotFoundError):
+        file.unlink()
+    return None
+
+
+def _say_taken_over(head: str, record: dict) -> None:
+    note = f"{head}: taking over the claim of {describe(record)}, which ended without giving it back"
+    print(f"{_prog()}note: {note}", file=sys.stderr, flush=True)
 
 
 def _check_other_parts(folder: Path, part: Part, head: str) -> list[dict]:

@@ -223,6 +223,38 @@ def test_a_dead_holders_claim_is_taken_over_and_said(tmp_path, capsys):
     killed.stdin.close()
 
 
+def test_without_flock_a_claim_is_an_exclusive_create(tmp_path, monkeypatch, capsys):
+    """A file system without flock (Lustre without `-o flock`): the part's file is created exclusively; a dead
+    holder of this host is told by its pid and taken over, one of another host is refused with the file to remove."""
+
+    def no_flock(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(claims, "fcntl", type("NoFlock", (), {"flock": staticmethod(no_flock), **LOCKS})())
+    out, part = tmp_path / "p.jsonl", tmp_path / ".p.jsonl.claim" / "0"
+    part.parent.mkdir()
+    part.write_text(json.dumps({"pid": 2**22 + 7, "host": "gpu12", "command": "x", "started": "t"}))
+    with pytest.raises(ClaimError) as elsewhere:
+        in_command(claims.take, out)
+    assert "pid 4194311 on host gpu12" in str(elsewhere.value) and f"if that process is gone, remove {part}" in str(
+        elsewhere.value
+    )
+    here = {"host": socket.gethostname(), "command": "x", "started": "t"}
+    part.write_text(json.dumps({"pid": os.getppid(), **here}))  # a live process of this host
+    with pytest.raises(ClaimError):
+        in_command(claims.take, out)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    part.write_text(json.dumps({"pid": int(dead.stdout), **here}))
+    with claims.command("test", "test"):
+        claims.take(out)
+        assert json.loads(part.read_text())["pid"] == os.getpid()
+        assert f"taking over the claim of pid {int(dead.stdout)}" in capsys.readouterr().err
+    assert not part.parent.exists()
+
+
+LOCKS = {name: getattr(__import__("fcntl"), name) for name in ("LOCK_EX", "LOCK_SH", "LOCK_NB")}
+
+
 def test_check_output_claims_inside_a_command_before_it_looks(tmp_path):
     """Inside a command the output is claimed, then checked: a refused check gives the claim back, and the command's
     end gives back the rest; the folders made for the claim go with it."""
