@@ -230,10 +230,7 @@ def check_output(
     claim = None
     if claims.in_command():
         part = part or (Part.of(resolve_env(export=False)) if spec.exclusive else Part())
-        try:
-            claim = claims.take(path, part, flag)
-        except NotADirectoryError as err:  # a file where a folder of its path should be: the user's to fix
-            raise OutputError(f"{head} is not writable: {err.filename} is a file, not a folder") from None
+        claim = claims.take(path, part, flag)  # a file where a folder of its path should be: ENOTDIR naming it
     try:
         _check_existing(path, spec, overwrite, head, flag)
     except BaseException:
