@@ -41,22 +41,20 @@ def make_dirs(path: str | os.PathLike) -> Path:
     return path
 
 
-def path_problem(path: str | os.PathLike, folder: bool = False) -> str | None:
-    """Why `path` is not the file (with `folder`: the folder) a command expects to read, as the phrase of a one-line
-    error `PATH: PHRASE`, or None when it is one: "no such file", "is a folder, not a file" (and the reverse), "no
-    such file: PARENT is a file, not a folder"."""
-    kind, other = ("folder", "file") if folder else ("file", "folder")
+def path_problem(path: str | os.PathLike) -> str | None:
+    """Why `path` is not the file a command expects to read, as the phrase of a one-line error `PATH: PHRASE`, or
+    None when it is one: "no such file", "is a folder, not a file", "no such file: PARENT is a file, not a folder"."""
     path = Path(path)
     try:
         is_dir = stat.S_ISDIR(path.stat().st_mode)
     except NotADirectoryError:
         blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), path)
-        return f"no such {kind}: {blocker} is a file, not a folder"
+        return f"no such file: {blocker} is a file, not a folder"
     except FileNotFoundError:
-        return f"no such {kind}"
+        return "no such file"
     except OSError as err:
         return f"cannot read it ({err.strerror or err})"
-    return None if is_dir == folder else f"is a {other}, not a {kind}"
+    return "is a folder, not a file" if is_dir else None
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
