@@ -7,7 +7,8 @@ A claim is a folder beside the output, `.NAME.claim/`, in the output's parent wi
 spellings of one output meet at one claim (a bind mount or another case of the same folder is the same directory, so
 the same files and locks). It holds one file per part of the job that writes the output (`Part`): `0` for a command
 of one process; for a multi-rank training job (or a corpus tokenised by an array of tasks), each rank's own, so that
-the parts of one job share the output and no other process does. Each part holds an exclusive `flock` on its file
+the parts of one job share the output and no other process does (a file each: Linux NFS emulates flock with
+whole-file POSIX locks, so parts cannot share one file's lock). Each part holds an exclusive `flock` on its file
 for its life, and has written who it is into it (pid, host, command, start time, job). The kernel drops a flock when
 its holder ends, however it ends (SIGKILL included; NFS frees a crashed client's locks after its lease), so a held
 lock is a live writer on any host that shares the file system, and a file whose lock anyone can take was left by a
