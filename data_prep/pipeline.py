@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from common.claims import Part
 from common.io import atomic_path, atomic_write_json, fsync_dir, read_object
 from common.outputs import CORPUS, Output, check_output
 from common.vocab import DEFAULT_MAX_UNK_FRACTION
@@ -122,8 +123,9 @@ def tokenize_corpus(
     problems = run.problems()
     if problems:
         raise DataPrepError("; ".join(problems))
-    check_output(out, TOKENIZE_OUTPUT, [*(("", str(i)) for i in inputs), ("--tokenizer", tokenizer)])
-    task = _array_task(num_tasks, task_index)
+    task = _array_task(num_tasks, task_index)  # the tasks of one array write `out` together (common.claims)
+    read = [*(("", str(i)) for i in inputs), ("--tokenizer", tokenizer)]
+    check_output(out, TOKENIZE_OUTPUT, read, part=Part.task(task[1], task[0]))
     with output_errors(out):
         out.mkdir(parents=True, exist_ok=True)
         return _tokenize([str(i) for i in inputs], out, tokenizer, cfg, task, run)

@@ -349,6 +349,8 @@ def config_path(name_or_path: str) -> Path:
     if name_or_path in recipe_names():
         return RECIPE_DIR / f"{name_or_path}.yaml"
     path = Path(name_or_path)
+    if path.is_dir():
+        raise ConfigError(f"--config {name_or_path}: is a folder, not a file (a .yaml run config, or a recipe name)")
     if path.suffix in (".yaml", ".yml"):
         if not path.is_file():
             raise ConfigError(f"--config {name_or_path}: no such file")

@@ -360,7 +360,7 @@ def task_dir(task: TaskSpec, data_dir: str | Path) -> Path:
     """`data_dir/<task folder>` if it exists, else `data_dir` itself (pointing straight at one task's folder)."""
     root = Path(data_dir)
     if not root.is_dir():
-        raise DataError(f"data directory {root} does not exist")
+        raise DataError(f"data directory {root} {'is a file, not a folder' if root.exists() else 'does not exist'}")
     sub = root / task.directory
     return sub if sub.is_dir() else root
 

@@ -141,7 +141,12 @@ def _verify_argument(p: argparse.ArgumentParser, when: str) -> None:
     )
 
 
-RUN_OUTPUT = Output("pretrain", "a pre-training run directory", folder=True, exclusive=True, accepts=(PRETRAIN_RUN,))
+# what a run writes at the top of RUN (never a file of these names that no run wrote: common.run_dir)
+RUN_FILES = ("config.yaml", "ds_config.json", "metrics.jsonl", "events.jsonl", "eval.jsonl", "tensorboard")
+RUN_FILES += ("checkpoints", "samples_rank*.jsonl", "final_weights.safetensors")
+RUN_OUTPUT = Output(
+    "pretrain", "a pre-training run directory", folder=True, exclusive=True, accepts=(PRETRAIN_RUN,), writes=RUN_FILES
+)
 
 
 INDEX_OUTPUT = Output("build-index", "a run directory's index_cache/", folder=True, accepts=(PRETRAIN_RUN,))
@@ -152,6 +157,7 @@ def check_run_output(args: argparse.Namespace, cfg: object, spec: Output = RUN_O
     does not hold one, and is not another command's folder (a model directory, a prepared corpus, a fine-tuning
     run): `common.outputs`. (`build-index` writes only index_cache/ there: it may hold the inputs.)"""
     inputs = [("--config", args.config), ("model.init_from", cfg.model.init_from)]
+    inputs += [("--ds-config", getattr(args, "ds_config", None) or cfg.train.ds_config)]
     inputs += [(f"data.corpora[{i}].path", corpus.path) for i, corpus in enumerate(cfg.data.corpora)]
     check_output(args.output, spec, inputs)
 

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from common.cli import add_command, add_device, add_output, add_switch, add_threads, config_argument
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
-from common.io import atomic_path, make_dirs, removed_on_failure, write_all
+from common.io import atomic_path, make_dirs, path_problem, removed_on_failure, write_all
 from common.outputs import Output, check_output, first_json_line_has
 from common.vocab import DEFAULT_MAX_UNK_FRACTION
 from elasticbert import ElasticBertConfig, save_early_exit
@@ -270,9 +270,9 @@ def predict_main(args: argparse.Namespace) -> int:
     problems = option_problems(args)
     if problems:
         raise ConfigError(problems)
+    if args.input != "-" and (problem := path_problem(args.input)):
+        raise ConfigError(f"--input {args.input}: {problem}")
     fmt = resolve_format(args.input, args.format)
-    if args.input != "-" and not Path(args.input).is_file():
-        raise ConfigError(f"--input {args.input}: no such file")
     if args.output:
         check_output(args.output, PREDICTIONS, predict_inputs(args), args.overwrite)
     device = resolve_device(args.device) if args.runtime == "torch" else torch.device("cpu")
