@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.errors import ConfigError
+from common.torch_private import int8_matmul
 
 from .backbone import ElasticBertSelfAttention
 from .exit_setting import PRECISIONS, Precision
@@ -154,7 +155,7 @@ class PerTokenInt8Linear(nn.Module):
             scale = peak
         else:
             tokens = torch.round(rows * (127 / peak)).to(torch.int8)
-            out = torch._int_mm(tokens, self.weight_t).float()
+            out = int8_matmul(tokens, self.weight_t).float()
             scale = peak * self.weight_scale
         # in place: a fresh output of a few MB costs more to allocate than to scale
         out = out.mul_(scale) if self.bias is None else torch.addcmul(self.bias, out, scale, out=out)
