@@ -6,6 +6,7 @@ models (`onnx/early_exit.onnx`, `early_exit.int8.onnx`: served at batch size 1),
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -17,6 +18,7 @@ pytest.importorskip("onnx")
 from common.errors import UserError  # noqa: E402
 from elasticbert.verification import CheckpointError, set_checksum_verification  # noqa: E402
 from finetune.__main__ import main  # noqa: E402
+from finetune.serve.early_exit import RESULT_FORMAT  # noqa: E402
 from finetune.serve.predict import EarlyExitClassifier  # noqa: E402
 
 DAMAGED = [  # (the file cut in half, predict's options that make it the one served)
@@ -34,8 +36,8 @@ def verification_restored():
     set_checksum_verification(True)  # in-process `--no-verify-checksums` sets the process's verification
 
 
-def truncated_copy(export: Path, target: Path, name: str) -> Path:
-    """`export` as hard links (cheap: nothing is written through them), with `name` a new file of half its bytes."""
+def linked_copy(export: Path, target: Path) -> Path:
+    """`export` as hard links: cheap, and safe as long as nothing is written through them (files are replaced)."""
     for path in sorted(export.rglob("*")):
         copy = target / path.relative_to(export)
         if path.is_dir():
@@ -43,6 +45,12 @@ def truncated_copy(export: Path, target: Path, name: str) -> Path:
         else:
             copy.parent.mkdir(parents=True, exist_ok=True)
             os.link(path, copy)
+    return target
+
+
+def truncated_copy(export: Path, target: Path, name: str) -> Path:
+    """`export` (`linked_copy`) with `name` a new file of half its bytes."""
+    linked_copy(export, target)
     data = (export / name).read_bytes()
     (target / name).unlink()
     (target / name).write_bytes(data[: len(data) // 2])
@@ -89,3 +97,33 @@ def test_a_truncated_onnx_file_through_the_python_api(onnx_models, tmp_path, nam
         )
         classifier.predict(["a fine film ."])
     assert str(refused.value).startswith(culprit(copy, name)) and "truncated or damaged" in str(refused.value)
+
+
+def test_an_unsealed_exports_refusal_names_the_python_spelling(onnx_models, tmp_path):
+    """Not named: an export without its checksums.json was refused advising `--no-verify-checksums` only, which the
+    Python API has no way to say; the refusal now names `verify_checksums=False`, and that loads it."""
+    copy = linked_copy(onnx_models["linear"][1], tmp_path / "export")
+    (copy / "checksums.json").unlink()
+    with pytest.raises(UserError) as refused:
+        EarlyExitClassifier.from_pretrained(copy, runtime="onnxruntime")
+    assert "verify_checksums=False (EarlyExitClassifier.from_pretrained)" in str(refused.value)
+    classifier = EarlyExitClassifier.from_pretrained(copy, runtime="onnxruntime", verify_checksums=False)
+    assert "label" in classifier.predict(["a fine film ."])[0]
+
+
+def test_an_export_of_the_swept_model_is_not_another_model(onnx_models, tmp_path, capsys):
+    """Not named: `predict` on an export with an operating point swept on the model it was exported from noted "the
+    operating point was measured on RUN/best, predictions use EXPORT": the export records its source, the same model."""
+    export = onnx_models["linear"][1]
+    source = json.loads((export / "onnx/manifest.json").read_text())["source"]
+    points = [{"threshold": 0.3, "score": 50.0, "mean_flops": 3e7}]
+    result = tmp_path / "early_exit_SST-2_dev_bs32.json"
+    fields = {"format": RESULT_FORMAT, "task": "SST-2", "model": source, "max_length": 128}
+    full = {"layer": 6, "score": 50.0, "mean_flops": 4e7}
+    result.write_text(json.dumps({**fields, "full_model": full, "strategies": {"entropy": {"points": points}}}))
+    inputs = tmp_path / "in.txt"
+    inputs.write_text("a fine film .\n")
+    argv = ["predict", "--model", str(export), "--runtime", "onnxruntime", "--input", str(inputs), "--no-progress"]
+    capsys.readouterr()
+    assert main([*argv, "--operating-point", f"{result}:entropy=0.3"]) == 0
+    assert "was measured on" not in capsys.readouterr().err
