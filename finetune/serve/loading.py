@@ -88,6 +88,7 @@ def load_served(
         model = OnnxLayers(directory, choice.precision, threads)
         return model, _first_given(max_length, point_length) or model.max_length
     model = _load(directory, full_model_only=not choice.rule.can_fire).to(place)
+    model.name_or_path = model.config._name_or_path = str(directory)  # as from_pretrained sets: messages name it
     return model, _first_given(max_length, point_length) or trained_max_length(directory)
 
 
