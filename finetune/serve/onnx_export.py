@@ -337,6 +337,14 @@ def _step(embeddings: Any, layer: Any, exit_head: Any, last: bool) -> Any:
     return step
 
 
+def check_export_length(config: dict, directory: Path, max_length: object) -> None:
+    """`--max-length` a whole number within what the model embeds (1..max_position_embeddings), before any work."""
+    limit = int(config.get("max_sequence_length") or config.get("max_position_embeddings") or 512)
+    whole = isinstance(max_length, int) and not isinstance(max_length, bool)
+    if not whole or not 1 <= max_length <= limit:
+        raise ConfigError(f"--max-length {max_length}: {directory} embeds 1..{limit} positions (tokens per input)")
+
+
 def export_onnx(
     model_dir: str | Path,
     output: str | Path,
@@ -353,6 +361,7 @@ def export_onnx(
     output = check_output(output, ONNX_OUTPUT, [("--model", model_dir)], overwrite)
     directory = Path(model_dir)
     raw = read_config(directory)
+    check_export_length(raw, directory, max_length)
     given = setting is not None and setting.strategy != "lte"  # the export's config.json then carries it
     if setting is None:  # a saved setting must be one a config can carry, before any work
         saved = raw.get("early_exit") or {"strategy": "static"}
