@@ -19,8 +19,10 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any, BinaryIO
 
+from common.errors import EXIT_INTERRUPTED, EXIT_TERMINATED
+
 STOP_SIGNALS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
-EXIT_CODES = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 130}  # the shell's codes: 143, 130
+EXIT_CODES = {signal.SIGTERM: EXIT_TERMINATED, signal.SIGINT: EXIT_INTERRUPTED}  # the shell's codes: 143, 130
 
 
 class Stopped(BaseException):
