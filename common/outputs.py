@@ -216,29 +216,31 @@ def check_output(
     overwrite: bool = False,
     flag: str = "--output",
     part: Part | None = None,
+    claim: bool = True,
 ) -> Path:
     """Refuse `output` (OutputError, one line: the path, what it is, what to do) as the module docstring says;
     return it as a Path. `inputs`: (flag, path) of what the command reads (`--model`, `--input`, `--checkpoint`,
     corpus paths, config files); `overwrite`: the command's `--overwrite`. Inside a command (`common.cli`) the
     output is claimed first (`common.claims`: refused while another process writes it) and stays claimed until the
     command ends; `part`: which part of a job this process is, for an output the parts of one job write together
-    (default: a run directory's rank, `Part.of`; one process otherwise)."""
+    (default: a run directory's rank, `Part.of`; one process otherwise). `claim=False`: a check that writes nothing
+    there (`pretrain preflight`, one process per node of one job side by side, before the ranks claim it)."""
     path = Path(output)
     head = f"{flag} {output}"
     if problem := input_problem(path, spec, list(inputs), overwrite):
         raise OutputError(f"{head} {problem}; choose another {flag}")
-    claim = None
-    if claims.in_command():
+    held = None
+    if claim and claims.in_command():
         part = part or (Part.of(resolve_env(export=False)) if spec.exclusive else Part())
-        claim = claims.take(path, part, flag)  # a file where a folder of its path should be: ENOTDIR naming it
+        held = claims.take(path, part, flag)  # a file where a folder of its path should be: ENOTDIR naming it
     try:
         _check_existing(path, spec, overwrite, head, flag)
     except BaseException:
-        if claim is not None:
-            claim.release()
+        if held is not None:
+            held.release()
         raise
-    if claim is not None and spec.writes:
-        claim.run_files = spec.writes  # recorded in the run directory's manifest when the run creates it
+    if held is not None and spec.writes:
+        held.run_files = spec.writes  # recorded in the run directory's manifest when the run creates it
     return path
 
 

@@ -152,14 +152,14 @@ RUN_OUTPUT = Output(
 INDEX_OUTPUT = Output("build-index", "a run directory's index_cache/", folder=True, accepts=(PRETRAIN_RUN,))
 
 
-def check_run_output(args: argparse.Namespace, cfg: object, spec: Output = RUN_OUTPUT) -> None:
+def check_run_output(args: argparse.Namespace, cfg: object, spec: Output = RUN_OUTPUT, claim: bool = True) -> None:
     """The run directory is not one of the run's inputs (its config, corpora, `init_from` model), not inside one,
     does not hold one, and is not another command's folder (a model directory, a prepared corpus, a fine-tuning
     run): `common.outputs`. (`build-index` writes only index_cache/ there: it may hold the inputs.)"""
     inputs = [("--config", args.config), ("model.init_from", cfg.model.init_from)]
     inputs += [("--ds-config", getattr(args, "ds_config", None) or cfg.train.ds_config)]
     inputs += [(f"data.corpora[{i}].path", corpus.path) for i, corpus in enumerate(cfg.data.corpora)]
-    check_output(args.output, spec, inputs)
+    check_output(args.output, spec, inputs, claim=claim)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -179,7 +179,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     from .preflight import preflight
 
     cfg = load_config(args.config, args.overrides)
-    check_run_output(args, cfg)
+    check_run_output(args, cfg, claim=False)  # every node's preflight checks the one run directory side by side
     return preflight(cfg, Path(args.output), args.ds_config)
 
 
