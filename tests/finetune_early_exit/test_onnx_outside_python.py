@@ -1,7 +1,7 @@
-"""The one-file early-exit model served without our code: the Python lines of docs/onnx_single_file.md run as they
-are written there (a plain `onnxruntime.InferenceSession` and `tokenizers`), the Node.js client examples/node/ on
-onnxruntime-node, and the C++ client examples/cpp/ on ONNX Runtime's C++ API, each giving our Python engine's labels,
-exit layers and FLOPs on the token ids our tokenizer produced.
+"""The one-file early-exit model served without our code: the Python lines of the README (and, the same, of
+docs/onnx_single_file.md) run as they are written there (a plain `onnxruntime.InferenceSession` and `tokenizers`),
+the Node.js client examples/node/ on onnxruntime-node, and the C++ client examples/cpp/ on ONNX Runtime's C++ API,
+each giving our Python engine's labels, exit layers and FLOPs on the token ids our tokenizer produced.
 
 Tools: `.ci/run` installs onnxruntime-node (examples/node/node_modules) and ONNX Runtime's C++ headers
 (examples/cpp/get_onnxruntime.sh); without them these tests skip with a [needs-tool] reason, which fails CI."""
@@ -24,6 +24,7 @@ from finetune.serve.onnx_single import SINGLE_FILES  # noqa: E402
 from finetune.serve.predict import EarlyExitClassifier  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
 DOC = REPO / "docs" / "onnx_single_file.md"
 NODE_DIR = REPO / "examples" / "node"
 CPP_DIR = REPO / "examples" / "cpp"
@@ -40,12 +41,16 @@ def served(single_file_export, dev_texts):
     return export, records, encoded
 
 
-def _doc_block(marker: str) -> str:
-    """The fenced code block after `<!-- marker -->` in the doc."""
-    text = DOC.read_text(encoding="utf-8")
+def _doc_block(marker: str, doc: Path = README) -> str:
+    """The fenced code block after `<!-- marker -->` in `doc`."""
+    text = doc.read_text(encoding="utf-8")
     match = re.search(rf"<!-- {marker} -->\s*```[a-z]*\n(.*?)```", text, re.S)
-    assert match, f"{DOC}: no code block marked <!-- {marker} -->"
+    assert match, f"{doc}: no code block marked <!-- {marker} -->"
     return match.group(1)
+
+
+def test_the_readme_and_the_docs_page_show_the_same_python_lines():
+    assert _doc_block("python-lines", README) == _doc_block("python-lines", DOC)
 
 
 def test_the_docs_python_lines_run_as_written_and_give_our_answers(served, dev_texts, tmp_path):
