@@ -110,9 +110,9 @@ def hashee_score(
         make_dirs(out)
         if "score" in report[split]:
             source = f"finetune hashee-score on {spec.name} {split} ({len(examples)} examples), {directory}"
-            points = elue_points(
-                f"HashEE ({directory.name})", source, spec, scored.flops.mean(), report[split]["score"]
-            )
+            info, run = classifier.config.token_exit or {}, directory.parent.name  # RUN/best: the run's name
+            name = f"HashEE {info.get('hash', 'top')}/{info.get('buckets', '-')} ({run})"
+            points = elue_points(name, source, spec, scored.flops.mean(), report[split]["score"])
             atomic_write_json(out / "elue_points.json", points, indent=1)
         if submission:
             report["submission"] = write_hashee_submission(
