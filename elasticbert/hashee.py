@@ -158,24 +158,38 @@ class ElasticBertHashEEModel(ElasticBertModel):
         if bool((running | ~real).all()):  # every real token runs: the dense layer (pads run too, masked as keys)
             return self.encoder.run_layer(index, hidden, key_mask)
         layer = self.encoder.layer[index]
-        attention = layer.attention.self
+        if hidden.shape[0] == 1:  # one row: its running tokens by one index, no per-row bookkeeping
+            cols = running[0].nonzero().squeeze(1)
+            states = hidden.index_select(1, cols)
+            query = layer.attention.self.query(states)
+            attended = layer.attention.output(self._attend(layer, query, hidden, key_mask), states)
+            return hidden.index_copy(1, cols, layer.output(layer.intermediate(attended), attended))
         rows, cols = running.nonzero(as_tuple=True)
         slot = running.long().cumsum(1)[rows, cols] - 1  # each running token's place among its row's running ones
         width = int(running.sum(1).max())
-        batch, length, size = hidden.shape
-        heads, head_dim = attention.num_attention_heads, attention.attention_head_size
-        states = hidden[rows, cols]  # [N, H]: the running tokens, gathered
-        queries = hidden.new_zeros(batch, width, size).index_put((rows, slot), attention.query(states))
-        keys, values = attention.key(hidden), attention.value(hidden)  # every token, exited ones at their frozen state
+        states = hidden[rows, cols]  # [N, H]: the running tokens, gathered (packed: no padding between rows)
+        query = layer.attention.self.query(states)  # projected packed, then laid out by row for the attention
+        queries = query.new_zeros(hidden.shape[0], width, query.shape[1]).index_put((rows, slot), query)
+        context = self._attend(layer, queries, hidden, key_mask)[rows, slot]
+        attended = layer.attention.output(context, states)
+        return hidden.index_put((rows, cols), layer.output(layer.intermediate(attended), attended))
+
+    def _attend(
+        self, layer: torch.nn.Module, queries: torch.Tensor, hidden: torch.Tensor, key_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The attention context [B, R, H] of `queries` [B, R, H] (the running tokens' projected queries) over every
+        token of `hidden` [B, T, H] - the exited ones at their frozen states, through this layer's key and value
+        projections."""
+        attention = layer.attention.self
+        batch, heads, head_dim = hidden.shape[0], attention.num_attention_heads, attention.attention_head_size
 
         def split(x: torch.Tensor) -> torch.Tensor:
             return x.view(batch, -1, heads, head_dim).transpose(1, 2)
 
+        q, k, v = split(queries), split(attention.key(hidden)), split(attention.value(hidden))
         dropout = attention.dropout_prob if self.training else 0.0
-        context = scaled_dot_product_attention(split(queries), split(keys), split(values), key_mask, dropout)
-        context = context.transpose(1, 2).reshape(batch, width, size)[rows, slot]
-        attended = layer.attention.output(context, states)
-        return hidden.index_put((rows, cols), layer.output(layer.intermediate(attended), attended))
+        context = scaled_dot_product_attention(q, k, v, key_mask, dropout)
+        return context.transpose(1, 2).reshape(batch, -1, hidden.shape[2])
 
     def forward(
         self,
