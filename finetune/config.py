@@ -199,7 +199,7 @@ class FinetuneConfig(
         """Check values and combinations; `num_labels`, `model_layers` and `max_positions` (tokens the model can
         embed) enable the task- and model-aware checks."""
         problems = [p for section in dataclasses.fields(self) for p in _choice_problems(self, section.name)]
-        problems += config_problems(self)
+        problems += config_problems(self) + hash_problems(self)
         if problems:
             raise ConfigError(problems)
         m = self.model
@@ -480,6 +480,19 @@ def _choice_problems(cfg: FinetuneConfig, section: str) -> list[str]:
     return literal_problems(getattr(cfg, section), key=lambda name: spell(f"{section}.{name}"))
 
 
+def hash_problems(cfg: FinetuneConfig) -> list[str]:
+    """HashEE's options set for another method (checked when a run starts, `validate`: the command line's generic
+    checks set each option alone)."""
+    if cfg.method.name == "hashee":
+        return []
+    defaults = (("method.hash", "frequency"), ("method.hash_buckets", None), ("method.hash_count_dev", False))
+    return [
+        f"{spell(key)} applies to --method hashee only (the method is {cfg.method.name})"
+        for key, default in defaults
+        if cfg.value(key) != default
+    ]
+
+
 def config_problems(cfg: FinetuneConfig) -> list[str]:
     """Every problem of meaning that needs neither the model nor the data (types and choices are assumed sound)."""
     problems = []
@@ -497,15 +510,7 @@ def config_problems(cfg: FinetuneConfig) -> list[str]:
             problems.append(f"{key} is not set: pass {flag(key)} (or set it in --config)")
     if cfg.model.mha_dim % max(cfg.model.mha_heads, 1):
         problems.append(f"--mha-dim {cfg.model.mha_dim} is not a multiple of --mha-heads {cfg.model.mha_heads}")
-    if cfg.method.name != "hashee":
-        for key, default in (
-            ("method.hash", "frequency"),
-            ("method.hash_buckets", None),
-            ("method.hash_count_dev", False),
-        ):
-            if cfg.value(key) != default:
-                problems.append(f"{spell(key)} applies to --method hashee only (the method is {cfg.method.name})")
-    elif cfg.method.hash_count_dev and cfg.method.hash != "frequency":
+    if cfg.method.name == "hashee" and cfg.method.hash_count_dev and cfg.method.hash != "frequency":
         problems.append(f"{spell('method.hash_count_dev')}: only the frequency map counts tokens (--hash frequency)")
     if cfg.objective.acl_grad_granularity == "exit" and cfg.objective.acl_grad_scope == "all":
         problems.append("--acl-grad-granularity exit needs --acl-grad-scope exit or representation")

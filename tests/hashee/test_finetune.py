@@ -113,7 +113,7 @@ def test_sentence_level_early_exit_and_wrong_options_are_refused(run, glue, tmp_
     with pytest.raises(Exception, match="classifies at the top layer only"):
         run_training(tiny(glue, exits=[1, 2]), tmp_path / "x")
     with pytest.raises(Exception, match="applies to --method hashee only"):
-        tiny(glue, method="jt", hash="mi")
+        tiny(glue, method="jt", hash="mi").validate()
     with pytest.raises(Exception, match="only the frequency map counts"):
         tiny(glue, hash="mi", hash_count_dev=True)
     with pytest.raises(Exception, match="continue it with --method hashee"):
@@ -124,3 +124,15 @@ def test_counting_the_dev_set_as_the_official_code_does(glue):
     examples, splits = counted_examples(tiny(glue, hash_count_dev=True), get_task("SST-2"))
     assert splits == ["train", "dev"] and len(examples) == 80
     assert counted_examples(tiny(glue, max_train_examples=7), get_task("SST-2"))[1] == ["train"]
+
+
+def test_the_hashee_recipe_carries_the_official_scripts_values():
+    from finetune.__main__ import build_parser
+    from finetune.train.cli import config_from_args
+
+    args = ["train", "--model", "M", "--task", "MRPC", "--output", "O", "--recipe", "hashee"]
+    cfg, _ = config_from_args(build_parser().parse_args(args))
+    m, o, t = cfg.method, cfg.optim, cfg.train
+    assert (m.name, m.hash, m.hash_buckets, m.hash_count_dev, cfg.model.layers) == ("hashee", "frequency", 6, False, 6)
+    assert (o.lr, o.exit_lr, o.warmup_fraction, o.weight_decay, o.grad_clip) == (5e-5, None, 0.1, 0.0, 1.0)
+    assert (t.batch_size, t.epochs, t.seed) == (32, 4.0, 2021)
