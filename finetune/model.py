@@ -6,6 +6,10 @@ also checks the exits are there) or `AutoModelForSequenceClassification` after `
 The saved config carries `exit_layers`, `exit_type`, `id2label`, `finetuning_task` and `trained_exits` (the exits
 `finetune train` trained). `--model` may be a local directory or a hub name (`common.hub.resolve_pretrained`).
 
+`--method hashee` builds `ElasticBertHashEEForSequenceClassification` (token-level exit, `elasticbert.hashee`) and its
+token map from the run's training rows (`finetune.hashee.install_token_map`) before training; a saved HashEE model
+loads back as that class through every path here, and sentence-level early exit (`require_trained=True`) refuses it.
+
 Exits that were never trained are found from the load report (exit weights missing from the checkpoint, freshly
 initialised) and from the checkpoint's own record (`trained_exits`; a classifier saved with neither it nor a
 `finetuning_task` was never fine-tuned): scoring them would score random heads, so callers refuse or warn.
