@@ -103,6 +103,10 @@ def test_hashee_score_writes_points_and_a_submission(run, glue, tmp_path):
     assert trace[0] == "index\tmodules" and len(trace) == 41 and ",384),layer_2; (384),exit_2" in trace[1]
     assert len((submission / "SST-2.tsv").read_text().splitlines()) == 41
     assert main([*args, "--max-examples", "5"]) == 2  # another configuration in the same folder: refused
+    evaluation = tmp_path / "evaluation"
+    assert main(["evaluate", "--model", str(run / "best"), "--data-dir", str(glue), "--output", str(evaluation)]) == 0
+    scores = json.loads((evaluation / "dev_scores.json").read_text())["tasks"]["SST-2"]["exits"]["2"]
+    assert scores["score"] == dev["score"]  # evaluate runs the same token-level forward
 
 
 def test_sentence_level_early_exit_and_wrong_options_are_refused(run, glue, tmp_path, capsys):
