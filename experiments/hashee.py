@@ -134,7 +134,10 @@ def train(model: str, task: str, arm: str, budget: Budget, scale: Scale, work: P
         args += ["--max-train-examples", str(budget.train_examples)]
     if scale.dev_examples:
         args += ["--max-dev-examples", str(scale.dev_examples)]
-    wall = run_cli("finetune", args + arm_args(arm), work / "logs" / f"train_{model}_{task}_{arm}.log")
+    if (run / "dev_scores.json").is_file() and (run / "best" / "checksums.json").is_file():
+        wall = json.loads((run / "dev_scores.json").read_text())["seconds"]  # finished before: scored again only
+    else:
+        wall = run_cli("finetune", args + arm_args(arm), work / "logs" / f"train_{model}_{task}_{arm}.log")
     scores = json.loads((run / "dev_scores.json").read_text())
     top = max(scores["best"]["exits"], key=int)
     return {
@@ -156,8 +159,9 @@ def score(model: str, task: str, arm: str, trained: dict, scale: Scale, work: Pa
         return {"points": str(out / "elue_points.json"), **{k: v for k, v in report["dev"].items() if k != "metrics"}}
     if arm == "jt":
         args = ["early-exit", "--model", str(run / "best"), "--task", task, "--data-dir", str(GLUE_DIR)]
-        args += ["--strategy", "entropy,patience", "--threads", "1", "--output", str(out), "--no-merge"]
-        run_cli("finetune", args + limit, log)
+        args += ["--threads", "1", "--output", str(out), *limit]
+        run_cli("finetune", args + ["--strategy", "entropy", "--sweep", ENTROPY_SWEEP, "--no-merge"], log)
+        run_cli("finetune", args + ["--strategy", "patience", "--merge"], log)  # k = 1..L-1, into the same JSON
         result = next(out.glob("early_exit_*_dev_bs*.json"))
         data = json.loads(result.read_text())
         curves = {
@@ -167,6 +171,11 @@ def score(model: str, task: str, arm: str, trained: dict, scale: Scale, work: Pa
         static = [(p["mean_flops"], p["score"], p["layer"]) for p in data["static"]]
         return {"result": str(result), "curves": curves, "static": static, "full_model": data["full_model"]}
     return {}
+
+
+# Entropy thresholds (nats) from confident-only to nearly every exit firing (ln 2 = 0.693 would fire always): the
+# default sweep stops at 0.55, which leaves an uncertain small model at the full model's FLOPs.
+ENTROPY_SWEEP = "0.02,0.05,0.1,0.2,0.3,0.4,0.5,0.55,0.6,0.63,0.65,0.67,0.68,0.69"
 
 
 def unit_path(model: str, task: str, arm: str) -> Path:
@@ -205,20 +214,28 @@ def run_units(scale: Scale, work: Path, only: set[str] | None) -> None:
         print(f"hashee: {path.name} done in {result['unit_wall_s']} s", flush=True)
 
 
-def interpolate(curve: list, flops: float) -> tuple[float | None, str]:
-    """The score of a strategy's upper envelope (Pareto front) at `flops`, linear between its two neighbours;
-    None outside the measured range."""
-    front, best = [], -1e9
-    for f, s, *_ in sorted(curve):
-        if s > best:
-            front.append((f, s))
-            best = s
-    if not front or flops < front[0][0]:
-        return None, "below the curve's cheapest point"
-    for (f0, s0), (f1, s1) in zip(front, front[1:]):
+def front(curve: list) -> list[tuple[float, float]]:
+    """The Pareto front of (FLOPs, score, ...) points: no cheaper point scores as high."""
+    points, best = [], float("-inf")
+    for f, score, *_ in sorted(curve):
+        if score > best:
+            points.append((f, score))
+            best = score
+    return points
+
+
+def at_flops(curve: list, flops: float) -> str:
+    """A curve's front at `flops`: linear between its two neighbours, the best point below it when above the range,
+    or what its cheapest point gives when `flops` is below the range."""
+    points = front(curve)
+    if not points:
+        return "–"
+    if flops < points[0][0]:
+        return f"not reached (cheapest: {points[0][1]:.2f} at {points[0][0] / 1e6:.1f} M)"
+    for (f0, s0), (f1, s1) in zip(points, points[1:]):
         if f0 <= flops <= f1:
-            return s0 + (s1 - s0) * (flops - f0) / (f1 - f0), "interpolated"
-    return front[-1][1], "above: the best point at fewer FLOPs"
+            return f"{s0 + (s1 - s0) * (flops - f0) / (f1 - f0):.2f}"
+    return f"{points[-1][1]:.2f}"
 
 
 def elue(units: dict, work: Path, key: tuple[str, str]) -> dict:
@@ -244,43 +261,41 @@ def load_units() -> dict:
 
 
 def table(units: dict, key: tuple[str, str], elue_scores: dict) -> list[str]:
-    """The markdown rows of one model and task (see the module docstring)."""
+    """One model and task: every system's dev score and FLOPs, then HashEE against the curves at its FLOPs."""
     model, task = key
     jt = units.get((model, task, "jt"))
     hashee = [(a, u) for (m, t, a), u in sorted(units.items()) if (m, t) == key and a.startswith("hashee")]
-    full_flops = hashee[0][1]["full_model_mean_flops"] if hashee else None
-    lines = [
-        f"**{model} · {task}** (dev; full model {full_flops / 1e6:.1f} MFLOPs per sample)" if full_flops else "",
-        "",
-        "| system | dev score | MFLOPs / sample | FLOPs speed-up | entropy at these FLOPs | patience at these FLOPs "
-        "| ELUE score vs JT static |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    full = units.get((model, task, "full"))
+    full, full_flops = units.get((model, task, "full")), hashee[0][1]["full_model_mean_flops"] if hashee else None
+    rows = []  # (system, setting, score, flops, ELUE)
     if full and full_flops:
-        lines.append(
-            f"| full model (one exit) | {full['dev_score_top_exit']:.2f} | {full_flops / 1e6:.1f} | 1.00× | | | |"
-        )
+        rows.append(("full model", "one exit at the top", full["dev_score_top_exit"], full_flops, ""))
     if jt:
-        top = jt["static"][-1]
-        lines.append(f"| JT top exit (L{top[2]}) | {top[1]:.2f} | {top[0] / 1e6:.1f} | | | | |")
+        rows += [("JT static", f"layer {layer}", score, f, "(baseline)") for f, score, layer in jt["static"]]
         for name, curve in jt["curves"].items():
-            for f, s, threshold in sorted(curve)[:: max(1, len(curve) // 4)]:
-                speed = f"{full_flops / f:.2f}×" if full_flops else ""
-                lines.append(f"| {name} τ={threshold:g} | {s:.2f} | {f / 1e6:.1f} | {speed} | | | |")
-        lines.append(
-            f"| **ELUE score** | | | | | | entropy {elue_scores.get('entropy', float('nan')):+.2f}, "
-            f"patience {elue_scores.get('patience', float('nan')):+.2f} |"
-        )
+            keep = set(front(curve)) if name == "entropy" else {(f, score) for f, score, _ in curve}
+            rows += [
+                (name, f"τ={tau:g}", score, f, f"{elue_scores.get(name, float('nan')):+.2f}")
+                for f, score, tau in sorted(curve)
+                if (f, score) in keep
+            ]
     for arm, u in hashee:
-        at = {name: interpolate(curve, u["mean_flops"])[0] for name, curve in (jt["curves"].items() if jt else [])}
-        cells = [f"{at[n]:.2f}" if at.get(n) is not None else "–" for n in ("entropy", "patience")]
-        system = next((s for s in elue_scores if s.endswith(f"({arm})")), None)
+        system = next((s for s in elue_scores if s.endswith(f"({arm})")), "")
         elue_cell = f"{elue_scores[system]:+.2f}" if system else ""
-        lines.append(
-            f"| HashEE {arm.removeprefix('hashee-')} | {u['score']:.2f} | {u['mean_flops'] / 1e6:.1f} | "
-            f"{u['flops_speedup']:.2f}× | {cells[0]} | {cells[1]} | {elue_cell} |"
-        )
+        rows.append(("HashEE", arm.removeprefix("hashee-"), u["score"], u["mean_flops"], elue_cell))
+    lines = [f"**{model} · {task}** (dev set)", "", "| system | setting | dev score | MFLOPs / sample | FLOPs speed-up "
+             "| ELUE score vs JT static |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for system, setting, score, f, elue_cell in rows:
+        speed = f"{full_flops / f:.2f}×" if full_flops else ""
+        lines.append(f"| {system} | {setting} | {score:.2f} | {f / 1e6:.2f} | {speed} | {elue_cell} |")
+    if jt and hashee:
+        header = "| HashEE | MFLOPs | score | entropy at these FLOPs | patience at these FLOPs | JT static at them |"
+        lines += ["", header, "|---|---|---|---|---|---|"]
+        for arm, u in hashee:
+            curves = [jt["curves"].get("entropy", []), jt["curves"].get("patience", []), jt["static"]]
+            cells = " | ".join(at_flops(c, u["mean_flops"]) for c in curves)
+            lines.append(
+                f"| {arm.removeprefix('hashee-')} | {u['mean_flops'] / 1e6:.2f} | {u['score']:.2f} | {cells} |"
+            )
     return lines
 
 
