@@ -149,15 +149,23 @@ class ElasticBertHashEEModel(ElasticBertModel):
 
     # --------------------------------------------------------------------------------------------- the layers
     def token_layer(
-        self, index: int, hidden: torch.Tensor, running: torch.Tensor, real: torch.Tensor, key_mask: torch.Tensor | None
+        self,
+        index: int,
+        hidden: torch.Tensor,
+        depth: torch.Tensor,
+        counts: Sequence[tuple[int, int]],
+        key_mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Layer `index` (0-based) on the `running` tokens [B, T] (bool) of `hidden` [B, T, H]; the others are copied
-        forward. `real` [B, T] marks the real tokens, `key_mask` is the SDPA padding mask (None: no padding)."""
-        if not bool(running.any()):
+        """Layer `index` (0-based) on the tokens of `hidden` [B, T, H] whose `depth` [B, T] exceeds it; the others
+        are copied forward. `counts`: per row (tokens running at this layer, real tokens), known on the host, so the
+        layer is skipped, dense or gathered without asking the device; `key_mask`: the SDPA padding mask or None."""
+        width = max(running for running, _ in counts)
+        if width == 0:
             return hidden
-        if bool((running | ~real).all()):  # every real token runs: the dense layer (pads run too, masked as keys)
+        if all(running == real for running, real in counts):  # every real token runs: the dense layer
             return self.encoder.run_layer(index, hidden, key_mask)
         layer = self.encoder.layer[index]
+        running = depth > index
         if hidden.shape[0] == 1:  # one row: its running tokens by one index, no per-row bookkeeping
             cols = running[0].nonzero().squeeze(1)
             states = hidden.index_select(1, cols)
@@ -166,7 +174,6 @@ class ElasticBertHashEEModel(ElasticBertModel):
             return hidden.index_copy(1, cols, layer.output(layer.intermediate(attended), attended))
         rows, cols = running.nonzero(as_tuple=True)
         slot = running.long().cumsum(1)[rows, cols] - 1  # each running token's place among its row's running ones
-        width = int(running.sum(1).max())
         states = hidden[rows, cols]  # [N, H]: the running tokens, gathered (packed: no padding between rows)
         query = layer.attention.self.query(states)  # projected packed, then laid out by row for the attention
         queries = query.new_zeros(hidden.shape[0], width, query.shape[1]).index_put((rows, slot), query)
@@ -216,12 +223,12 @@ class ElasticBertHashEEModel(ElasticBertModel):
         exits = validate_exit_layers(exit_layers or range(1, num_layers + 1), num_layers)
         weights = equilibrium_weights(exits) if gradient_equilibrium else {}
         depth = self.token_depths(input_ids, attention_mask, token_layers)
-        real = depth.new_ones(depth.shape, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        plan = layer_counts(depth, attention_mask, num_layers)
         key_mask = attention_mask_for_sdpa(attention_mask)
         hidden = self.embeddings(input_ids, token_type_ids, position_ids)
         computed, outputs, pooled = [hidden], [], []
         for index in range(exits[-1]):
-            hidden = self.token_layer(index, hidden, depth > index, real, key_mask)
+            hidden = self.token_layer(index, hidden, depth, plan[index], key_mask)
             layer = index + 1
             if layer in exits:
                 exit_hidden = hidden
@@ -283,7 +290,8 @@ class ElasticBertHashEEForSequenceClassification(ElasticBertForSequenceClassific
         else:
             hidden, depth = inputs[..., :-1], inputs[..., -1].long()
         key_mask = mask[:, None, None, :].bool() if padded else None
-        hidden = self.elasticbert.token_layer(index, hidden, depth > index, mask.bool(), key_mask)
+        counts = zip((depth > index).sum(1).tolist(), mask.sum(1).tolist())
+        hidden = self.elasticbert.token_layer(index, hidden, depth, list(counts), key_mask)
         carried = torch.cat([hidden, depth.unsqueeze(-1).to(hidden.dtype)], dim=-1)
         if not with_exit:
             return StepOutput(carried)
@@ -304,6 +312,16 @@ class ElasticBertHashEEForSequenceClassification(ElasticBertForSequenceClassific
         model = loaded[0] if isinstance(loaded, tuple) else loaded
         model.elasticbert.check_token_map(pretrained_model_name_or_path)
         return loaded
+
+
+def layer_counts(
+    depth: torch.Tensor, attention_mask: torch.Tensor | None, num_layers: int
+) -> list[list[tuple[int, int]]]:
+    """Per layer, per row: (tokens running, real tokens), read from the device once for the whole forward."""
+    real = depth.shape[1] if attention_mask is None else None
+    lengths = [real] * depth.shape[0] if real is not None else attention_mask.sum(1).tolist()
+    running = running_per_layer(depth, num_layers).T.tolist()
+    return [list(zip(layer, lengths)) for layer in running]
 
 
 def running_per_layer(depth: torch.Tensor, num_layers: int) -> torch.Tensor:
