@@ -6,7 +6,8 @@ Per model and task, every arm is fine-tuned with `python -m finetune train` on t
 - `full`: one exit at the top (the full model);
 - `jt`: an MHA exit at every layer, JT - the multi-exit model that `finetune early-exit` sweeps (entropy, patience);
 - `hashee-b{N}`: `--method hashee`, the frequency map with N buckets (N = the layers: the official default where it
-  fits; fewer buckets = fewer, shallower layers for the frequent tokens), and on MiniLM SST-2 the other maps.
+  fits; fewer buckets = fewer, shallower layers for the frequent tokens), and on MiniLM SST-2 the other maps;
+- `minilm-8k`: MiniLM on SST-2 again with 4x the training rows (full, JT, HashEE): does the gap close with data?
 Then `finetune hashee-score` (score and FLOPs per sample of each HashEE run) and `finetune early-exit` (the JT run's
 Pareto curves) on the full dev set, and `finetune elue-score` of every system against the JT model's own static
 curve. Each unit writes docs/results/hashee/units/NAME.json when it is done; a rerun skips finished units.
@@ -65,12 +66,14 @@ SCALES = {
             ("minilm", "MRPC"): Budget(2000, 1, 96, 1e-4),
             ("tiny", "SST-2"): Budget(8000, 2, 48, 1e-3),
             ("tiny", "MRPC"): Budget(None, 3, 96, 1e-3),
+            ("minilm-8k", "SST-2"): Budget(8000, 1, 48, 1e-4),  # MiniLM again, 4x the training rows
         },
         {
             ("minilm", "SST-2"): MINILM_ARMS + OTHER_MAPS,
             ("minilm", "MRPC"): MINILM_ARMS,
             ("tiny", "SST-2"): TINY_ARMS,
             ("tiny", "MRPC"): TINY_ARMS,
+            ("minilm-8k", "SST-2"): ("full", "jt", "hashee-b6"),
         },
         None,
     ),
@@ -100,7 +103,7 @@ def tiny_model(work: Path) -> Path:
 
 
 def model_path(model: str, work: Path) -> str:
-    if model == "minilm":
+    if model.startswith("minilm"):
         from elasticbert import minilm_dir
 
         return str(minilm_dir())
@@ -196,7 +199,8 @@ def unit_order(scale: Scale) -> list[tuple[str, str, str]]:
     """Every model and task's main arms (FIRST) before any variant; within each, UNIT_ORDER."""
     units = [(model, task, arm) for (model, task), arms in scale.arms.items() for arm in arms]
     keys = list(scale.arms)
-    return sorted(units, key=lambda u: (u[2] not in FIRST, keys.index(u[:2]), UNIT_ORDER.index(u[2])))
+    later = [key for key in keys if key[0].endswith("-8k")]  # the larger budget after everything else
+    return sorted(units, key=lambda u: (u[:2] in later, u[2] not in FIRST, keys.index(u[:2]), UNIT_ORDER.index(u[2])))
 
 
 def run_units(scale: Scale, work: Path, only: set[str] | None) -> None:
@@ -318,7 +322,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", choices=sorted(SCALES), default="report")
     parser.add_argument("--work-dir", default="/tmp/hashee_exp")
-    parser.add_argument("--models", nargs="*", help="only these models' units (minilm, tiny)")
+    parser.add_argument("--models", nargs="*", help="only these models' units (minilm, tiny, minilm-8k)")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
     work = Path(args.work_dir)
