@@ -303,14 +303,45 @@ def table(units: dict, key: tuple[str, str], elue_scores: dict) -> list[str]:
     return lines
 
 
+def summary_rows(units: dict, key: tuple[str, str], elue_scores: dict) -> list[str]:
+    """One line per HashEE arm of one model and task: HashEE, the curves at its FLOPs, and the ELUE scores."""
+    model, task = key
+    jt, full = units.get((model, task, "jt")), units.get((model, task, "full"))
+    lines = []
+    for (m, t, arm), u in sorted(units.items()):
+        if (m, t) != key or not arm.startswith("hashee") or jt is None:
+            continue
+        curves = [jt["curves"].get("entropy", []), jt["curves"].get("patience", []), jt["static"]]
+        at = " | ".join(at_flops(c, u["mean_flops"]) for c in curves)
+        system = next((s for s in elue_scores if s.endswith(f"({arm})")), None)
+        scores = [elue_scores.get(name) for name in (system, "entropy", "patience")]
+        elue_cell = " / ".join(f"{x:+.2f}" if x is not None else "–" for x in scores)
+        full_cell = f"{full['dev_score_top_exit']:.2f}" if full else "–"
+        lines.append(
+            f"| {model} | {task} | {arm.removeprefix('hashee-')} | {full_cell} | {u['score']:.2f} | "
+            f"{u['mean_flops'] / 1e6:.1f} ({u['flops_speedup']:.2f}×) | {at} | {elue_cell} |"
+        )
+    return lines
+
+
+SUMMARY_HEADER = [
+    "| model | task | HashEE | full model | HashEE score | HashEE MFLOPs (speed-up) | entropy at these FLOPs | "
+    "patience at these FLOPs | JT static at these FLOPs | ELUE score: HashEE / entropy / patience |",
+    "|---|---|---|---|---|---|---|---|---|---|",
+]
+
+
 def report(scale_name: str, work: Path) -> None:
     units = load_units()
     keys = sorted({(m, t) for m, t, _ in units})
-    sections, summary = [], {}
+    sections, summary, short = [], {}, list(SUMMARY_HEADER)
     for key in keys:
         scores = elue(units, work, key)
         summary["/".join(key)] = {"elue": scores}
         sections += table(units, key, scores) + [""]
+        short += summary_rows(units, key, scores)
+    sections = ["At matched FLOPs (dev sets; ELUE scores against the JT model's own static curve):", "", *short, "",
+                *sections]  # fmt: skip
     write_json(
         OUT / "results.json", {"scale": scale_name, "units": [units[k] for k in sorted(units)], "summary": summary}
     )
