@@ -92,10 +92,9 @@ def measure(task_name: str, model_dir: str, data_dir: str, rounds: int, batch1_r
     with torch.inference_mode():  # a row's answer does not depend on its batch
         batched = torch.cat([hashee(b.input_ids, b.attention_mask, b.token_type_ids).logits for b in split.batches(32)])
         order = torch.cat([b.rows for b in split.batches(32)])
-        alone = torch.cat(
-            [hashee(b.input_ids, b.attention_mask, b.token_type_ids).logits for b in split.batches(1)][:50]
-        )
-    out["batch_invariance_max_abs_diff"] = float((batched[torch.argsort(order)][:50] - alone).abs().max())
+        first = split.select(torch.arange(min(50, len(split)))).batches(1, sort_by_length=False)  # dataset order
+        alone = torch.cat([hashee(b.input_ids, b.attention_mask, b.token_type_ids).logits for b in first])
+    out["batch_invariance_max_abs_diff"] = float((batched[torch.argsort(order)][: len(alone)] - alone).abs().max())
     return out
 
 
