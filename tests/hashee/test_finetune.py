@@ -3,11 +3,13 @@
 the first rows of real SST-2; the options' errors; sentence-level early exit refused by name."""
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from tiny_models import small_glue
 from transformers import pipeline
 
@@ -116,12 +118,40 @@ def test_sentence_level_early_exit_and_wrong_options_are_refused(run, glue, tmp_
     assert "exits per token" in capsys.readouterr().err
     with pytest.raises(Exception, match="classifies at the top layer only"):
         run_training(tiny(glue, exits=[1, 2]), tmp_path / "x")
+    with pytest.raises(Exception, match="must be within 1..2"):
+        run_training(tiny(glue, hash_buckets=3), tmp_path / "z")  # the official step would be 0: all at layer 1
     with pytest.raises(Exception, match="applies to --method hashee only"):
         tiny(glue, method="jt", hash="mi").validate()
     with pytest.raises(Exception, match="only the frequency map counts"):
         tiny(glue, hash="mi", hash_count_dev=True)
     with pytest.raises(Exception, match="continue it with --method hashee"):
         run_training(tiny(glue, model=str(run / "best"), method="jt"), tmp_path / "y")
+
+
+def test_a_changed_map_or_token_exit_record_is_refused_in_one_line(run, tmp_path, capsys):
+    """A copy of best/ with one id's depth changed: the seal refuses it; past the seal (--no-verify-checksums) the
+    map's digest does. A token_exit record that is not one (an unknown hash) is refused naming config.json. Each is
+    exit 2 with one line, never a traceback."""
+    tampered = tmp_path / "best"
+    shutil.copytree(run / "best", tampered)
+    state = load_file(tampered / "model.safetensors")
+    state["elasticbert.token_layers"][2000] = 2 if int(state["elasticbert.token_layers"][2000]) == 1 else 1
+    save_file(state, tampered / "model.safetensors", metadata={"format": "pt"})
+    (tmp_path / "in.txt").write_text(TEXTS[0] + "\n")
+    predict = ["predict", "--model", str(tampered), "--input", str(tmp_path / "in.txt"), "--no-progress"]
+
+    def refused(args: list[str], *named: str) -> None:
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert all(word in err for word in named), err
+
+    refused(predict, "checksums")
+    refused([*predict, "--no-verify-checksums"], "token map", "map_sha256")
+    config = json.loads((tampered / "config.json").read_text())
+    config["token_exit"]["hash"] = "md5"
+    (tampered / "config.json").write_text(json.dumps(config))
+    refused([*predict, "--no-verify-checksums"], "config.json", "token_exit.hash")
 
 
 def test_counting_the_dev_set_as_the_official_code_does(glue):
