@@ -116,6 +116,10 @@ def test_sentence_level_early_exit_and_wrong_options_are_refused(run, glue, tmp_
     args += ["--output", str(tmp_path / "e")]
     assert main(args) == 2
     assert "exits per token" in capsys.readouterr().err
+    for layout in ("fnlp", "onnx"):  # neither the official layout nor the early-exit ONNX files hold a token map
+        export = tmp_path / f"export_{layout}"
+        assert main(["export", "--model", str(run / "best"), "--output", str(export), "--layout", layout]) == 2
+        assert "HashEE model" in capsys.readouterr().err and not export.exists()
     with pytest.raises(Exception, match="classifies at the top layer only"):
         run_training(tiny(glue, exits=[1, 2]), tmp_path / "x")
     with pytest.raises(Exception, match="must be within 1..2"):
