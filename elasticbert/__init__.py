@@ -16,6 +16,12 @@ from .early_exit import EarlyExitResult, make_rule, run_batch
 from .exit_setting import EarlyExitSetting
 from .fnlp_export import LayoutError, export_fnlp, save_fnlp
 from .gradient_equilibrium import equilibrium_weights, rescale_gradient
+from .hashee import (
+    HASHEE_MODEL_TYPE,
+    ElasticBertHashEEConfig,
+    ElasticBertHashEEForSequenceClassification,
+    ElasticBertHashEEModel,
+)
 from .loading import CheckpointError, LoadReport, load_pretrained, minilm_dir, save_early_exit
 from .model_card import write_model_card
 from .modeling import (
@@ -31,6 +37,11 @@ AutoConfig.register("elasticbert", ElasticBertConfig, exist_ok=True)
 AutoModel.register(ElasticBertConfig, ElasticBertModel, exist_ok=True)
 AutoModelForPreTraining.register(ElasticBertConfig, ElasticBertForPreTraining, exist_ok=True)
 AutoModelForSequenceClassification.register(ElasticBertConfig, ElasticBertForSequenceClassification, exist_ok=True)
+AutoConfig.register(HASHEE_MODEL_TYPE, ElasticBertHashEEConfig, exist_ok=True)  # HashEE: token-level exit
+AutoModel.register(ElasticBertHashEEConfig, ElasticBertHashEEModel, exist_ok=True)
+AutoModelForSequenceClassification.register(
+    ElasticBertHashEEConfig, ElasticBertHashEEForSequenceClassification, exist_ok=True
+)
 
 __all__ = [
     "CheckpointError",
@@ -39,6 +50,9 @@ __all__ = [
     "ElasticBertConfig",
     "ElasticBertForPreTraining",
     "ElasticBertForSequenceClassification",
+    "ElasticBertHashEEConfig",
+    "ElasticBertHashEEForSequenceClassification",
+    "ElasticBertHashEEModel",
     "ElasticBertModel",
     "ElasticBertPreTrainedModel",
     "LayoutError",

@@ -10,6 +10,12 @@ FLOPs = 2 × MACs. Its conventions, which this module follows for one sample of 
 `FlopBreakdown.matmul` holds the terms a matmul-level counter such as `torch.utils.flop_counter.FlopCounterMode` sees
 (linear layers and attention products); `FlopBreakdown.extra` holds what the conventions add (softmax, scaling,
 LayerNorm; the MHA exit's input-projection bias).
+
+Token-level exit (HashEE, `elasticbert.hashee`) is counted per layer from the tokens that layer computes
+(`token_layer_flops`, `token_exit_flops`): r running tokens of n pay their queries, attention output, LayerNorms and
+feed-forward, and their attention over all n keys; the keys and values of all n tokens are projected at every layer
+that runs (exited tokens are attended to through each layer's own projections). With r = n at every layer this is
+`layer_flops` exactly, and `sample_flops(config, n, L)` is what the same model costs with every token at every layer.
 """
 
 from __future__ import annotations
@@ -68,6 +74,32 @@ def exit_flops(config: ElasticBertConfig, n: int, exit_type: str | None = None) 
         convention_macs = heads * (head_dim + n) + (1 + 2 * n) * d + d  # scaling + softmax; in-proj and out-proj bias
         return FlopBreakdown(matmul=2 * (linear_macs + product_macs), extra=2 * convention_macs)
     raise ValueError(f"unknown exit type {exit_type!r}")
+
+
+def token_layer_flops(config: ElasticBertConfig, running: int, keys: int) -> FlopBreakdown:
+    """One encoder layer that computes `running` tokens of a sample of `keys` (its real length); 0 running: the layer
+    is skipped."""
+    if running == 0:
+        return FlopBreakdown()
+    h, inter, heads = config.hidden_size, config.intermediate_size, config.num_attention_heads
+    r, n = running, keys
+    linear_macs = 2 * r * h * h + 2 * n * h * h + 2 * r * h * inter  # Q, attention output (r); K, V (n); FFN (r)
+    product_macs = 2 * r * n * h  # r queries against n keys, then n values
+    convention_macs = 2 * heads * r * n + 2 * (2 * r * h)  # scaling + softmax of r rows; two LayerNorms on r tokens
+    return FlopBreakdown(matmul=2 * (linear_macs + product_macs), extra=2 * convention_macs)
+
+
+def token_exit_flops(
+    config: ElasticBertConfig, seq_len: int, running: Iterable[int], exit_type: str | None = None
+) -> FlopBreakdown:
+    """FLOPs of one sample of real length `seq_len` under token-level exit: `running[l - 1]` tokens computed at
+    layer l (the embeddings for all, one exit head at the top)."""
+    total = embedding_flops(config, seq_len)
+    for count in running:
+        if not 0 <= count <= seq_len:
+            raise ValueError(f"{count} running tokens in a sample of {seq_len}")
+        total = total + token_layer_flops(config, int(count), seq_len)
+    return total + exit_flops(config, seq_len, exit_type)
 
 
 def sample_flops(

@@ -99,6 +99,12 @@ def plan_fnlp(config: ElasticBertConfig, classifier: bool, where: str = "this mo
     """What `config`'s model becomes in the official layout (checked before any weight is read or written); a
     LayoutError when the official classes could not run it."""
     refusal = f"{where} cannot be written in the official ElasticBERT layout"
+    if getattr(config, "token_level_exit", False):  # elasticbert.hashee: its token map has no place there
+        raise LayoutError(
+            f"{refusal}: it is a HashEE model (token-level exit), whose token map the official ElasticBERT classes "
+            "cannot hold: they would compute every token at every layer, another model. Use the directory as it is "
+            "(our loaders, the Auto classes, remote code)"
+        )
     if config.position_ids_style != "bert":
         raise LayoutError(
             f"{refusal}: position_ids_style={config.position_ids_style!r}, but the official embeddings number "

@@ -39,6 +39,7 @@ from common.io import atomic_write_bytes, atomic_write_json, read_object
 
 from .configuration import ElasticBertConfig
 from .exit_setting import EarlyExitSetting
+from .hashee import HASHEE_MODEL_TYPE, ElasticBertHashEEConfig, check_token_map, class_for
 from .layouts import (
     BERT_CONFIG_FIELDS,
     BUFFER_SUFFIXES,
@@ -232,7 +233,7 @@ def load_pretrained(
     raw = raw_config if raw_config is not None else read_config(directory, verify_checksums)
     model_type = raw.get("model_type")
     family = None
-    if model_type == "elasticbert":
+    if model_type in ("elasticbert", HASHEE_MODEL_TYPE):  # a HashEE checkpoint (token map) loads as its own class
         config, layout, prefix = _elasticbert_config(directory, raw, config_overrides), "elasticbert", "elasticbert."
     elif model_type in FAMILIES or model_type is None:  # no model_type: an old BERT export; the checks below hold
         family_name = model_type or "bert"
@@ -246,7 +247,7 @@ def load_pretrained(
         )
     checkpoint_layers = int(raw.get("num_hidden_layers", config.num_hidden_layers))
     state = read_state_dict(directory)
-    model = model_class(config)
+    model = class_for(model_class, model_type)(config)
     if family is None:
         mapped, unused = _map_elasticbert(model, state, checkpoint_layers, raw.get("num_output_layers"))
     else:
@@ -256,6 +257,7 @@ def load_pretrained(
     if random_encoder and not allow_random_encoder:
         raise CheckpointError(_refusal(directory, model_type, *random_encoder))
     missing, _ = model.load_state_dict(mapped, strict=False)
+    check_token_map(model, directory)  # a HashEE model's map: the one its config records
     tied = set(getattr(model, "_tied_weights_keys", None) or {})
     model.tie_weights()
     model.eval()
@@ -278,8 +280,9 @@ def _check_override_names(overrides: dict) -> None:
 
 
 def _config(directory: Path, fields: dict) -> ElasticBertConfig:
+    config_class = ElasticBertHashEEConfig if fields.get("model_type") == HASHEE_MODEL_TYPE else ElasticBertConfig
     try:
-        return ElasticBertConfig.from_dict(fields)
+        return config_class.from_dict(fields)
     except (ValueError, TypeError) as err:
         raise CheckpointError(f"{directory / 'config.json'}: {err}") from err
 

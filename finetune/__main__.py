@@ -14,12 +14,13 @@ from collections.abc import Sequence
 from common.cli import add_debug, add_switch, dispatch, exit_without_teardown
 from elasticbert.loading import set_checksum_verification
 
+from . import hashee_cli
 from .score import cli as score_cli
 from .serve import cli as serve_cli
 from .serve.early_exit import cli as early_exit_cli
 from .train import cli as train_cli
 
-COMMAND_MODULES = (train_cli, score_cli, early_exit_cli, serve_cli)
+COMMAND_MODULES = (train_cli, score_cli, early_exit_cli, serve_cli, hashee_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:

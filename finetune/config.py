@@ -43,7 +43,8 @@ from common.io import atomic_write_json, read_object
 from common.vocab import DEFAULT_MAX_UNK_FRACTION
 
 # Fixed choices: the allowed values live in the type (`--help`, validation and `common.config` read them from here).
-Method = Literal["jt", "2st", "alt"]
+Method = Literal["jt", "2st", "alt", "hashee"]
+HashFunction = Literal["frequency", "random-consistent", "random-inconsistent", "mi", "cluster"]  # HashEE's maps
 Objective = Literal["ce", "ce+scl", "acl", "acl-cl"]
 ExitType = Literal["linear", "mha"]
 AngleScope = Literal["exit", "all", "representation"]
@@ -125,6 +126,13 @@ class MethodConfig:
     jt_weights: JTWeights = "uniform"
     gradient_equilibrium: bool = True  # only acts where several exits train the shared layers (JT, ALT)
     stage2_epochs: float | None = None  # 2ST stage 2; None: train.epochs
+    # HashEE (`--method hashee`, token-level exit; elasticbert.hash_maps, docs/hashee.md): the token -> layer map,
+    # built before training from the training set (and, for `cluster`, the word embeddings); seeded by train.seed.
+    hash: HashFunction = "frequency"
+    hash_buckets: int | None = None  # None: min(6, layers) (the official code's 6 buckets)
+    # Departure: the official frequency map also counts the dev set's tokens; ours counts the training set only
+    # unless this is on (then the dev subset the run scores is counted too, as the official code counts its dev set).
+    hash_count_dev: bool = False
 
 
 @dataclass
@@ -191,7 +199,7 @@ class FinetuneConfig(
         """Check values and combinations; `num_labels`, `model_layers` and `max_positions` (tokens the model can
         embed) enable the task- and model-aware checks."""
         problems = [p for section in dataclasses.fields(self) for p in _choice_problems(self, section.name)]
-        problems += config_problems(self)
+        problems += config_problems(self) + hash_problems(self)
         if problems:
             raise ConfigError(problems)
         m = self.model
@@ -209,6 +217,16 @@ class FinetuneConfig(
             layers = self.resolved_exits(model_layers)
             if self.method.name in ("2st", "alt") and len(layers) < 2:
                 raise ConfigError(f"--method {self.method.name} needs at least two exits (got {layers}); pass --exits")
+            if self.method.name == "hashee":
+                top = self.num_layers(model_layers)
+                if layers != [top]:
+                    raise ConfigError(
+                        f"--method hashee classifies at the top layer only (tokens leave by their map, not exits): "
+                        f"drop --exits (got {layers}); --layers {top} keeps {top} layers"
+                    )
+                buckets = self.method.hash_buckets
+                if buckets is not None and not 1 <= buckets <= top:
+                    raise ConfigError(f"{spell('method.hash_buckets')} {buckets}: must be within 1..{top} (the layers)")
         return self
 
     def num_layers(self, model_layers: int) -> int:
@@ -449,6 +467,7 @@ RANGES: tuple[tuple[tuple[str, ...], Any, str], ...] = (
         ">= 1",
     ),
     (("train.train_steps", "train.eval_every", "train.early_stopping_patience"), lambda v: v >= 1, ">= 1"),
+    (("method.hash_buckets",), lambda v: v >= 1, ">= 1"),
     (("data.max_train_examples", "data.max_dev_examples"), lambda v: v >= 1, ">= 1"),
     (("optim.weight_decay", "optim.grad_clip", "train.seed", "data.dev_subset_seed"), lambda v: v >= 0, ">= 0"),
     (("model.dropout",), lambda v: 0 <= v < 1, "within [0, 1)"),
@@ -461,6 +480,19 @@ def _choice_problems(cfg: FinetuneConfig, section: str) -> list[str]:
     """Values outside their `Literal` choices (the loader reports them while reading; a config built in code is
     checked here)."""
     return literal_problems(getattr(cfg, section), key=lambda name: spell(f"{section}.{name}"))
+
+
+def hash_problems(cfg: FinetuneConfig) -> list[str]:
+    """HashEE's options set for another method (checked when a run starts, `validate`: the command line's generic
+    checks set each option alone)."""
+    if cfg.method.name == "hashee":
+        return []
+    defaults = (("method.hash", "frequency"), ("method.hash_buckets", None), ("method.hash_count_dev", False))
+    return [
+        f"{spell(key)} applies to --method hashee only (the method is {cfg.method.name})"
+        for key, default in defaults
+        if cfg.value(key) != default
+    ]
 
 
 def config_problems(cfg: FinetuneConfig) -> list[str]:
@@ -480,6 +512,8 @@ def config_problems(cfg: FinetuneConfig) -> list[str]:
             problems.append(f"{key} is not set: pass {flag(key)} (or set it in --config)")
     if cfg.model.mha_dim % max(cfg.model.mha_heads, 1):
         problems.append(f"--mha-dim {cfg.model.mha_dim} is not a multiple of --mha-heads {cfg.model.mha_heads}")
+    if cfg.method.name == "hashee" and cfg.method.hash_count_dev and cfg.method.hash != "frequency":
+        problems.append(f"{spell('method.hash_count_dev')}: only the frequency map counts tokens (--hash frequency)")
     if cfg.objective.acl_grad_granularity == "exit" and cfg.objective.acl_grad_scope == "all":
         problems.append("--acl-grad-granularity exit needs --acl-grad-scope exit or representation")
     o, t = cfg.optim, cfg.train

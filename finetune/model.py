@@ -6,6 +6,10 @@ also checks the exits are there) or `AutoModelForSequenceClassification` after `
 The saved config carries `exit_layers`, `exit_type`, `id2label`, `finetuning_task` and `trained_exits` (the exits
 `finetune train` trained). `--model` may be a local directory or a hub name (`common.hub.resolve_pretrained`).
 
+`--method hashee` builds `ElasticBertHashEEForSequenceClassification` (token-level exit, `elasticbert.hashee`) and its
+token map from the run's training rows (`finetune.hashee.install_token_map`) before training; a saved HashEE model
+loads back as that class through every path here, and sentence-level early exit (`require_trained=True`) refuses it.
+
 Exits that were never trained are found from the load report (exit weights missing from the checkpoint, freshly
 initialised) and from the checkpoint's own record (`trained_exits`; a classifier saved with neither it nor a
 `finetuning_task` was never fine-tuned): scoring them would score random heads, so callers refuse or warn.
@@ -24,11 +28,19 @@ from torch import nn
 
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
-from elasticbert import CheckpointError, ElasticBertForSequenceClassification, LoadReport, load_pretrained
+from elasticbert import (
+    HASHEE_MODEL_TYPE,
+    CheckpointError,
+    ElasticBertForSequenceClassification,
+    ElasticBertHashEEForSequenceClassification,
+    LoadReport,
+    load_pretrained,
+)
 from elasticbert.loading import read_config
 
 from .config import FinetuneConfig
-from .data import paired_tokenizer
+from .data import load_tokenizer, paired_tokenizer
+from .hashee import install_token_map
 from .tasks import TaskSpec
 
 
@@ -50,10 +62,13 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
+CLASSIFIER_TYPES = ("elasticbert", HASHEE_MODEL_TYPE)  # model types whose checkpoints carry our exits
+
+
 def checkpoint_exit_labels(directory: Path, raw: dict) -> int | None:
     """The number of labels of a fine-tuned classifier checkpoint (None when it has no trained exits); `raw`: its
     config.json (`read_config`)."""
-    if raw.get("model_type") != "elasticbert":
+    if raw.get("model_type") not in CLASSIFIER_TYPES:
         return None
     weights = directory / "model.safetensors"
     if not weights.is_file():
@@ -96,12 +111,22 @@ def build_model(cfg: FinetuneConfig, task: TaskSpec) -> tuple[ElasticBertForSequ
         overrides["id2label"] = dict(enumerate(task.label_names))
         overrides["label2id"] = {name: i for i, name in enumerate(task.label_names)}
     overrides["early_exit"] = None  # an operating point chosen for the old weights says nothing about the new ones
-    model, report = load_pretrained(ElasticBertForSequenceClassification, directory, raw_config=raw, **overrides)
+    hashee = cfg.method.name == "hashee"
+    if raw.get("model_type") == HASHEE_MODEL_TYPE and not hashee:
+        raise ConfigError(
+            f"{directory}: a HashEE model (token-level exit, its token map in its weights): continue it with "
+            f"--method hashee, not --method {cfg.method.name}"
+        )
+    model_class = ElasticBertHashEEForSequenceClassification if hashee else ElasticBertForSequenceClassification
+    model, report = load_pretrained(model_class, directory, raw_config=raw, **overrides)
     cfg.validate(task.num_labels, depth, max_positions(model))
     model.config.finetuning_task = task.name
     tokenizer_dir = resolve_pretrained(cfg.model.tokenizer, what="--tokenizer") if cfg.model.tokenizer else directory
     identity = paired_tokenizer(Path(tokenizer_dir), Path(directory), model.config.vocab_size)  # or refused
     model.config.tokenizer_identity = identity.to_dict() if identity is not None else None  # saved with best/
+    if hashee:  # the token map, from the run's data (finetune.hashee): part of the model from here on
+        tokenizer = load_tokenizer(tokenizer_dir, type_vocab_size=model.config.type_vocab_size)
+        install_token_map(model, cfg, task, tokenizer)
     return model, report
 
 
@@ -151,8 +176,13 @@ def load_finetuned(
     or names them (the exits a caller will use), else named in a warning on stderr."""
     directory = resolve_pretrained(path, what="--model")
     raw = read_config(directory)
-    if checkpoint_exit_labels(directory, raw) is None and raw.get("model_type") != "elasticbert":
+    if checkpoint_exit_labels(directory, raw) is None and raw.get("model_type") not in CLASSIFIER_TYPES:
         raise CheckpointError(f"{directory}: not a fine-tuned classifier (no exit classifiers in the weights)")
+    if raw.get("model_type") == HASHEE_MODEL_TYPE and require_trained is True:
+        raise CheckpointError(
+            f"{directory}: a HashEE model exits per token (its token map), not per sentence: {purpose} does not "
+            "apply to it; score it with `finetune hashee-score` (accuracy, FLOPs, ELUE points and submission files)"
+        )
     model, report = load_pretrained(ElasticBertForSequenceClassification, directory, raw_config=raw)
     untrained, why = untrained_exits(model, report)
     model.untrained_exits = untrained

@@ -47,6 +47,7 @@ class PredictionStream:
         self.finished: dict[int, dict] = {}  # position -> record, until every earlier input is answered
         self.inputs: dict[int, TextInput] = {}  # position -> input, until its record is handed out
         self.position_of: dict[int, int] = {}  # engine slot -> position
+        self.flops_of: dict[int, float] = {}  # engine slot -> FLOPs, where the runner knows them from the input
         self.submitted = self.handed_out = 0
 
     def submit(self, inputs: Sequence[TextInput]) -> None:
@@ -119,6 +120,8 @@ class PredictionStream:
         if order is not None:
             tensors, types, keep = [t[order] for t in tensors], types[order], [keep[i] for i in order.tolist()]
         slots = self.engine.submit(tensors[0], tensors[1], types)
+        if input_flops := getattr(classifier.runner, "input_flops", None):  # token-level exit (elasticbert.hashee)
+            self.flops_of.update(zip(slots, input_flops(*(t.to(classifier.device) for t in tensors))))
         for slot, row in zip(slots, keep):
             self.position_of[slot] = positions[row]
 
@@ -128,7 +131,10 @@ class PredictionStream:
         done = self.engine.take()
         classifier = self.classifier
         result = EarlyExitResult(done.logits, done.exit_layers, done.lengths, done.exits_evaluated, self.engine.exits)
-        flops, _ = per_sample_flops(classifier.config, result, classifier.rule.head_width, classifier.flops_memo)
+        if self.flops_of:
+            flops = np.array([self.flops_of.pop(slot) for slot in done.slots.tolist()])
+        else:
+            flops, _ = per_sample_flops(classifier.config, result, classifier.rule.head_width, classifier.flops_memo)
         for slot, record in zip(done.slots.tolist(), prediction_records(classifier.config, result, flops)):
             position = self.position_of.pop(slot)
             ident = self.inputs[position].id

@@ -35,6 +35,8 @@ EPILOG = """examples:
   # multi-exit: all layers, MHA exits, two-stage training with ACL and ACL-Grad
   python -m finetune train --model MODEL --task SST-2 --data-dir GLUE --exits all --exit-type mha \\
       --method 2st --objective acl --acl-grad --output runs/sst2-2st-acl
+  # HashEE: token-level exit, each token id hashed to a layer (docs/hashee.md)
+  python -m finetune train --model MODEL --task SST-2 --data-dir GLUE --method hashee --output runs/sst2-hashee
   # a paper's recipe, with one value changed (a flag, or any key with --set)
   python -m finetune train --model MODEL --task RTE --data-dir GLUE --recipe elasticbert-static --lr 3e-5 \\
       --set train.eval_every=100 --output runs/rte-static
@@ -124,6 +126,9 @@ OPTIONS: dict[str, tuple[tuple[str, str], ...]] = {
         ("method.gradient_equilibrium", "ElasticBERT's gradient equilibrium: rescale the gradients the exits send "
          "into the shared layers"),
         ("method.stage2_epochs", "2ST stage-2 epochs (default: --epochs)"),
+        ("method.hash", "HashEE's token -> layer map (--method hashee)"),
+        ("method.hash_buckets", "HashEE: layers the map assigns, every L // N-th (default: min(6, layers))"),
+        ("method.hash_count_dev", "HashEE frequency map: count the dev set's tokens too (the official code's)"),
     ),
     "objective": (
         ("objective.name", "per-exit loss"),

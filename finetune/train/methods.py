@@ -5,6 +5,8 @@
   trains the intermediate exits, distilling from the last exit (the teacher).
 - ALT (BERxiT): one phase; odd steps (1-based) train all exits, even steps the last exit only.
 A single exit (plain fine-tuning or static truncation) is JT with one exit.
+- HashEE: one phase training the top exit of a token-level exit model (`elasticbert.hashee`; its token map is built
+  with the model, `finetune.hashee`): the tokens leave by their map, so there are no other exits to train.
 Each phase gets a fresh optimizer (`build_optimizer`: AdamW over what the phase trains) and schedule
 (`linear_schedule`); a DeepSpeed engine gets them as they are (`ds_config`: the JSON checked against them).
 """
@@ -57,6 +59,10 @@ def build_phases(method: str, exits: list[int]) -> list[Phase]:
     """The phases of `method` for the sorted exit layers `exits`."""
     exits = sorted(exits)
     last = exits[-1]
+    if method == "hashee":
+        if len(exits) != 1:
+            raise ValueError(f"HashEE trains one exit at the top, got exits {exits}")
+        return [Phase("train", (last,))]
     if len(exits) == 1:
         return [Phase("train", (last,))]
     if method == "jt":

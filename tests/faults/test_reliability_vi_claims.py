@@ -297,7 +297,10 @@ def test_sigterm_leaves_no_temporary_and_no_claim(tmp_path, sst2):
         proc.send_signal(signal.SIGTERM)
         err = proc.stderr.read()
         assert proc.wait(timeout=60) == 143 and "Traceback" not in err, err
-        assert err.strip().splitlines()[-1] == f"predict: stopped by SIGTERM before any input was read; {out} was not written"
+        assert (
+            err.strip().splitlines()[-1]
+            == f"predict: stopped by SIGTERM before any input was read; {out} was not written"
+        )
     finally:
         proc.kill()
     assert not (tmp_path / "sub").exists()  # made for this output: nothing of it is left

@@ -22,7 +22,7 @@ def resolved(*flags):
 
 
 def test_the_three_recipes_carry_the_papers_numbers():
-    assert recipe_names() == ["acl", "elasticbert-dynamic", "elasticbert-static"]
+    assert recipe_names() == ["acl", "elasticbert-dynamic", "elasticbert-static", "hashee"]
     static = resolved("--recipe", "elasticbert-static")
     o, t = static.optim, static.train
     assert (o.lr, t.batch_size, o.warmup_fraction, t.epochs) == (2e-5, 32, 0.06, 10.0)
