@@ -1,5 +1,5 @@
-"""Real text for the dedup benchmarks (`bench/dedup_scale.py`, `bench/dedup_quality.py`,
-`bench/dedup_libraries.py`), built in a seeded way from ../shared/data (read in place, never copied into the
+"""Real text for the dedup benchmarks (`bench/data/dedup_scale.py`, `bench/data/dedup_quality.py`,
+`bench/data/dedup_libraries.py`), built in a seeded way from ../shared/data (read in place, never copied into the
 project).
 
 The pool: every paragraph of at least 20 words of the 106 Project Gutenberg books (headers stripped by
@@ -24,9 +24,10 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-SHARED = REPO.parent / "shared" / "data" / "corpus"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
+
+from bench.harness import CORPUS as SHARED  # noqa: E402
+
 MIN_WORDS = 20
 
 NAVIGATION = ["Home | News | Sport | Culture | Contact", "Menu Search Subscribe Sign in", "Skip to main content"]

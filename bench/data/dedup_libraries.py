@@ -2,9 +2,9 @@
 installed) on the same documents, for speed and for agreement with the exact Jaccard, and the memory of their
 in-memory LSH indexes.
 
-    python bench/dedup_libraries.py --output docs/dedup [--datatrove-python /tmp/dt_venv/bin/python]
+    python bench/data/dedup_libraries.py --output docs/dedup [--datatrove-python /tmp/dt_venv/bin/python]
 
-Documents: `bench/dedup_data.py` (real text, seeded): 1,500 distinct documents and, for agreement, 200 copies each
+Documents: `bench/data/dedup_data.py` (real text, seeded): 1,500 distinct documents and, for agreement, 200 copies each
 with 1 %, 5 %, 10 %, 20 % of the words replaced and 200 pairs of distinct documents. Every library gets the same
 input: the 3-word shingles of the normalised words, 112 permutations (14 x 8, the defaults), one core
 (RAYON_NUM_THREADS=1). Speed = input MB / seconds of signature computation (shingling included, one Python process);
@@ -30,10 +30,10 @@ from pathlib import Path
 os.environ["RAYON_NUM_THREADS"] = "1"
 import numpy as np  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-import dedup_data as D  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
 
+from bench.data import dedup_data as D  # noqa: E402
+from bench.harness import REPO, write_result  # noqa: E402
 from data_prep.dedup import text as T  # noqa: E402
 
 PERM, BANDS, ROWS, K = 112, 14, 8, 3  # the defaults of data_prep dedup
@@ -207,8 +207,8 @@ def main() -> None:
     if args.datatrove_python:
         tmp = Path("/tmp/eb_dt_bench")
         tmp.mkdir(exist_ok=True)
-        (tmp / "docs.json").write_text(json.dumps(texts))
-        (tmp / "pairs.json").write_text(json.dumps(pairs))
+        write_result(tmp / "docs.json", texts, indent=None)
+        write_result(tmp / "pairs.json", pairs, indent=None)
         res = subprocess.run(
             [args.datatrove_python, "-c", DATATROVE, str(tmp / "docs.json"), str(tmp / "pairs.json")],
             capture_output=True,
@@ -232,7 +232,7 @@ def main() -> None:
     memory = index_memory(20_000)
     result = {"documents": args.docs, "mb": round(mb, 2), "pairs": len(pairs), "rows": rows, "index_memory": memory}
     args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "libraries.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.output / "libraries.json", result)
     lines = [
         f"{args.docs} documents ({mb:.1f} MB of real text), 3-word shingles, 112 permutations (14 x 8), one core; "
         f"agreement over {len(pairs)} pairs (copies with 1-20 % of words replaced, distinct pairs).",

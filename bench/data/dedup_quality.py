@@ -2,9 +2,9 @@
 several shingle sizes and band x row settings, measured with the pipeline's own functions (`data_prep.dedup.text`:
 normalisation, rensa R-MinHash signatures, band keys). The defaults of `DedupConfig` are chosen from its table.
 
-    python bench/dedup_quality.py --output docs/dedup          # ~5 min on one core
+    python bench/data/dedup_quality.py --output docs/dedup          # ~5 min on one core
 
-The set (`bench/dedup_data.py`, seeded): 3,000 distinct documents of real text (sentences drawn at random from 106
+The set (`bench/data/dedup_data.py`, seeded): 3,000 distinct documents of real text (sentences drawn at random from 106
 Gutenberg books and WikiText, 3-8 paragraphs of 3-8 sentences); for each kind of copy, 300 of them copied with: 1 %,
 5 %, 10 %, 20 % of the words replaced; the paragraphs shuffled; a web template (navigation, cookie banner, footer)
 around the same text. Negatives: the 3,000 distinct documents among themselves (4.5 M pairs), and 300 pairs of
@@ -33,10 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-import dedup_data as D  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
 
+from bench.data import dedup_data as D  # noqa: E402
+from bench.harness import REPO, write_result  # noqa: E402
 from data_prep.dedup import text as T  # noqa: E402
 
 KINDS = ("edit 1%", "edit 5%", "edit 10%", "edit 20%", "shuffled paragraphs", "boilerplate only")
@@ -208,7 +208,7 @@ def main() -> None:
         },
     }
     args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "quality.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_result(args.output / "quality.json", result)
     (args.output / "quality.md").write_text(markdown(result))
     print(markdown(result))
 

@@ -1,11 +1,11 @@
 """`data_prep dedup` at size: 0.1 / 1 / 5 GB of real text with injected duplicates, each stage run as a user runs it
 (`python -m data_prep dedup ... --stage S` under `/usr/bin/time -v`), projected to 160 GB on 64-core nodes.
 
-    nice -n 10 python bench/dedup_scale.py --sizes 0.1,1,5 --workdir /tmp/eb_dedup_scale --output docs/dedup
+    nice -n 10 python bench/data/dedup_scale.py --sizes 0.1,1,5 --workdir /tmp/eb_dedup_scale --output docs/dedup
 
 Inputs (built in --workdir, deleted after each size): four corpora like the recipe's (`wiki`, `books`, `owt`, `c4`;
 plain text, one paragraph a line and a blank line between documents, one quarter of the bytes each), of documents
-made by `bench/dedup_data.py` from the real paragraphs of ../shared/data (3-8 paragraphs drawn at random from 106
+made by `bench/data/dedup_data.py` from the real paragraphs of ../shared/data (3-8 paragraphs drawn at random from 106
 Gutenberg books and WikiText, seeded). Plain text, not JSONL: `sources.DocumentReader` finds the line number of
 every JSONL record eagerly (it re-reads the file up to the record: quadratic, 0.4 MB/s on an 8 MB file; reported
 with its fix). Of every 100
@@ -29,16 +29,15 @@ import json
 import math
 import os
 import random
-import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
-import dedup_data as D  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
+
+from bench.data import dedup_data as D  # noqa: E402
+from bench.harness import REPO, run_timed, write_result  # noqa: E402
 
 CORPORA = ("wiki", "books", "owt", "c4")
 REAL_BYTES = 160e9
@@ -76,19 +75,8 @@ def build_inputs(target: int, folder: Path, seed: int = 0) -> dict:
 
 
 def timed(cmd: list[str]) -> dict:
-    """Wall and CPU time (children included) and peak RSS (largest process) of one command."""
-    start = time.perf_counter()
-    run = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True, cwd=REPO)
-    wall = time.perf_counter() - start
-    if run.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}")
-    fields = dict(re.findall(r"^\s*(.+?):\s+(.+)$", run.stderr, re.M))
-    cpu = float(fields["User time (seconds)"]) + float(fields["System time (seconds)"])
-    return {
-        "wall_s": round(wall, 1),
-        "cpu_s": round(cpu, 1),
-        "max_rss_mb": round(int(fields["Maximum resident set size (kbytes)"]) / 1024, 1),
-    }
+    """`run_timed`, rounded to the report's 0.1."""
+    return {key: round(value, 1) for key, value in run_timed(cmd).items()}
 
 
 def du(path: Path) -> int:
@@ -213,7 +201,7 @@ def main() -> None:
         rows.append(measure(size, args.workdir, args.workers))
         rows.sort(key=lambda r: r["size_gb"])
         proj = projection(rows)
-        path.write_text(json.dumps({"rows": rows, "projection": proj}, indent=1) + "\n")
+        write_result(path, {"rows": rows, "projection": proj})
         (args.output / "scale.md").write_text(markdown(rows, proj))
         print(json.dumps(rows[-1]["stages"]), rows[-1]["recall"], flush=True)
     shutil.rmtree(args.workdir, ignore_errors=True)

@@ -1,7 +1,7 @@
 """data_prep at size: `tokenize` over 100 MB → ≥ 1 GB of real text, then `finalize` and `verify`, each measured as a
 user runs it (`python -m data_prep ...` under `/usr/bin/time`), and projected to 160 GB.
 
-    python bench/prep_scale.py --sizes 100M,300M,1G --workdir /tmp/prep_scale --output docs/scale
+    python bench/data/prep_scale.py --sizes 100M,300M,1G --workdir /tmp/prep_scale --output docs/scale
 
 The inputs are the Gutenberg books and WikiText of ../shared/data, whole copies of the corpus given many times over
 as separate files (hard links in a scratch folder, so nothing is copied and nothing lands in the repository; every
@@ -33,8 +33,11 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data" / "corpus"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
+
+from bench.harness import CORPUS as SHARED  # noqa: E402
+from bench.harness import REPO, run_timed, time_v_fields, write_result  # noqa: E402
+
 REAL_BYTES = 160e9
 ARRAY_TASKS, CORES_PER_TASK = 64, 8
 
@@ -62,18 +65,6 @@ def make_inputs(target: int, folder: Path) -> int:
             total += src.stat().st_size
         copy += 1
     return total
-
-
-def timed(cmd: list[str], env: dict) -> dict:
-    """Wall and CPU time (children included) and peak RSS (largest process, /usr/bin/time -v) of one command."""
-    start = time.perf_counter()
-    run = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True, env=env, cwd=REPO)
-    wall = time.perf_counter() - start
-    if run.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}")
-    fields = dict(re.findall(r"^\s*(.+?):\s+(.+)$", run.stderr, re.M))
-    cpu = float(fields["User time (seconds)"]) + float(fields["System time (seconds)"])
-    return {"wall_s": wall, "cpu_s": cpu, "max_rss_mb": int(fields["Maximum resident set size (kbytes)"]) / 1024}
 
 
 def _peak_rss_mb(pid: int) -> float:
@@ -114,9 +105,8 @@ def tokenize_run(cmd: list[str], env: dict) -> dict:
     err = proc.stderr.read()
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{err[-3000:]}")
-    fields = dict(re.findall(r"^\s*(.+?):\s+(.+)$", err, re.M))
-    cpu = float(fields["User time (seconds)"]) + float(fields["System time (seconds)"])
-    tree_peak = int(fields["Maximum resident set size (kbytes)"]) / 1024
+    measured = time_v_fields(err)
+    cpu, tree_peak = measured["cpu_s"], measured["max_rss_mb"]
     polled = max(worker_peaks.values(), default=0.0)
     return {
         "wall_s": wall,
@@ -157,8 +147,8 @@ def measure_all(sizes: list[int], work: Path, workers: int, repeat: int) -> list
     rows = []
     for i, out in enumerate(outs):
         best = min(runs[i], key=lambda r: r["cpu_s"])
-        fin = timed([*py, "finalize", str(out)], ENV)
-        ver = timed([*py, "verify", str(out), "--workers", str(workers)], ENV)
+        fin = run_timed([*py, "finalize", str(out)], ENV)
+        ver = run_timed([*py, "verify", str(out), "--workers", str(workers)], ENV)
         manifest = json.loads((out / "manifest.json").read_text())
         rows.append(
             {
@@ -219,7 +209,7 @@ def main() -> int:
     proj = projection(rows)
     args.output.mkdir(parents=True, exist_ok=True)
     report = {"rows": rows, "projection_160gb": proj}
-    (args.output / "prep_scale.json").write_text(json.dumps(report, indent=1))
+    write_result(args.output / "prep_scale.json", report)
     lines = [
         f"| input | tokens | tokenize wall | CPU (best of {args.repeat}) | MB/s per core (each run) | "
         "worker peak RSS | parent peak RSS | finalize | finalize peak RSS | verify | verify peak RSS |",

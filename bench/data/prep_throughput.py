@@ -17,8 +17,8 @@ Every measurement runs in a fresh subprocess (clean thread settings, no warm cac
 Targets: ours >= 2x (1), >= 1.0x (2), >= 75 % of (3), and 2 workers >= 1.8x one.
 Finally: projected wall time for 160 GB on N cores at the measured per-core rate and 2-core scaling.
 
-    python bench/prep_throughput.py                  # the full corpus (~6 minutes on 2 cores)
-    python bench/prep_throughput.py --max-mb 10      # a quick look
+    python bench/data/prep_throughput.py                  # the full corpus (~6 minutes on 2 cores)
+    python bench/data/prep_throughput.py --max-mb 10      # a quick look
 """
 
 from __future__ import annotations
@@ -33,8 +33,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus" / "gutenberg"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
+
+from bench.harness import GUTENBERG as DEFAULT_CORPUS  # noqa: E402
+from bench.harness import REPO  # noqa: E402
+
 VARIANTS = ("ours", "recipe1", "recipe2", "tokenizer")
 LABELS = {
     "ours": "ours: data_prep tokenize",

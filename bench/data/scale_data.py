@@ -2,7 +2,7 @@
 64 ranks on 8 nodes. Every figure is measured on this machine on a synthetic corpus in the real format, at a
 fraction of the real size, then projected.
 
-    python bench/scale_data.py run --fractions 0.001,0.01,0.05 --workdir /tmp/scale --output docs/scale
+    python bench/data/scale_data.py run --fractions 0.001,0.01,0.05 --workdir /tmp/scale --output docs/scale
 
 1. `simulate`: a prepared directory (manifest.json + .bin/.idx shards, data_prep's format) whose sentence and
    document lengths are drawn from those data_prep measures on ../shared/data — Project Gutenberg books with
@@ -30,8 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
+
+from bench.harness import CORPUS as SHARED  # noqa: E402
+from bench.harness import REPO, write_result  # noqa: E402
 
 REAL_TOKENS = 38e9  # 160 GB at the 4.2 bytes per bert-base-uncased token measured on Gutenberg
 BOOK_SHARE = 4 / 164  # BookCorpus 4 GB of Wikipedia 12 + BookCorpus 4 + OpenWebText 38 + C4 110 GB
@@ -39,7 +41,6 @@ SHARD_TOKENS = 1 << 24  # data_prep's default shard size
 SEQ, SHORT_SEQ_PROB, SEED = 512, 0.1, 1234
 RANKS, RANKS_PER_NODE, REAL_RANKS = 8, 8, 64
 GLOBAL_BATCH, V100_TFLOPS, ASSUMED_MFU = 4096, 125.0, 0.40
-SHARED = REPO.parent / "shared" / "data" / "corpus"
 
 
 # ------------------------------------------------------------------------------------------------ distributions
@@ -446,7 +447,7 @@ def projection(rows: list[dict]) -> dict:
 
 def write_report(rows: list[dict], proj: dict, output: Path) -> None:
     output.mkdir(parents=True, exist_ok=True)
-    (output / "scale_data.json").write_text(json.dumps({"rows": rows, "projection_160gb": proj}, indent=1))
+    write_result(output / "scale_data.json", {"rows": rows, "projection_160gb": proj})
     head = (
         "| corpus | tokens | open | open RSS | index build | build peak RSS | old build | old peak | other ranks "
         "wait (first start) | restart | rank RSS / PSS | rank extra heap / file-backed private | samples/s per worker "

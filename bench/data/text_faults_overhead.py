@@ -2,7 +2,7 @@
 tokenized with the count (`sources.ReadStats.count_faults`) and with it replaced by a no-op, alternated in one process
 (the machine is shared: the ratio of the two, measured side by side, is the figure).
 
-    python bench/text_faults_overhead.py --books 20 --rounds 3
+    python bench/data/text_faults_overhead.py --books 20 --rounds 3
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
 
+from bench.harness import GUTENBERG  # noqa: E402
 from data_prep import minilm_vocab, tokenize_corpus  # noqa: E402
 from data_prep import sources as S  # noqa: E402
-
-GUTENBERG = Path(__file__).resolve().parents[2] / "shared" / "data" / "corpus" / "gutenberg"
 
 
 def timed(inputs: list[str], out: Path) -> float:

@@ -2,9 +2,10 @@
 vocabularies on the real corpora (../shared/data/corpus, or $ELASTICBERT_CORPUS), documents read exactly as
 `tokenize` reads them. ~5 minutes on one core:
 
-    .venv/bin/python bench/unk_rates.py /tmp/unk_rates.json
+    .venv/bin/python bench/data/unk_rates.py /tmp/unk_rates.json
 """
 
+import argparse
 import json
 import os
 import sys
@@ -14,12 +15,15 @@ from pathlib import Path
 
 import numpy as np
 
-import elasticbert
-from data_prep import sources as S
-from data_prep.tokenizer import Encoder, adopt_vocab, train_tokenizer
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
 
-REPO = Path(__file__).resolve().parents[1]
-CORPUS = Path(os.environ.get("ELASTICBERT_CORPUS", REPO.parent / "shared" / "data" / "corpus"))
+import elasticbert  # noqa: E402
+from bench.harness import CORPUS as SHARED_CORPUS  # noqa: E402
+from bench.harness import write_result  # noqa: E402
+from data_prep import sources as S  # noqa: E402
+from data_prep.tokenizer import Encoder, adopt_vocab, train_tokenizer  # noqa: E402
+
+CORPUS = Path(os.environ.get("ELASTICBERT_CORPUS", SHARED_CORPUS))
 SPANISH = "pg24823.txt"
 
 
@@ -55,7 +59,9 @@ def to_cyrillic(text: str) -> str:
 
 
 def main() -> None:
-    out = Path(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("output", type=Path, help="the JSON file of rates to write")
+    out = parser.parse_args().output
     books = sorted((CORPUS / "gutenberg").glob("*.txt"))
     english = [b for b in books if b.name != SPANISH]
     wiki = CORPUS / "wikitext-2-raw" / "wiki.test.raw"
@@ -101,7 +107,7 @@ def main() -> None:
         }
         results[name] = row
         print(name, json.dumps(row), f"{time.time() - t0:.0f}s", flush=True)
-    out.write_text(json.dumps(results, indent=1))
+    write_result(out, results)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,22 @@
 """Step time of CE + ACL with ACL-Grad vs. CE alone: same model, same batch, stage 1 and stage 2 of 2ST.
 
-    python bench/acl_overhead.py [--model DIR] [--task RTE] [--batch 16] [--seq 64] [--steps 4] [--rounds 3]
+    python bench/finetune/acl_overhead.py [--model DIR] [--task RTE] [--batch 16] [--seq 64] [--steps 4] [--rounds 3]
 
 Stage 1 trains backbone + last exit (a full backward either way); stage 2 trains the intermediate exits on a frozen
 backbone (no backbone graph), with KD from the last exit in both the baseline and the ACL cases. For each angle scope
 (exit parameters, exit representation, all trainable parameters) ACL-Grad measures the CE/contrastive angle every
-step and gates the contrastive term. Target: ≤ 1.15× in stage 2. Harness and timing as in bench/finetune_step.py
-(interleaved cases, median step time).
+step and gates the contrastive term. Target: ≤ 1.15× in stage 2. Harness and timing as in
+bench/finetune/finetune_step.py (interleaved cases, median step time).
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from finetune_step import build_case, parse_args, real_batch, report, run_interleaved
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
+
+from bench.finetune.finetune_step import build_case, parse_args, real_batch, report, run_interleaved  # noqa: E402
 
 SCOPES = ("exit", "representation", "all")
 

@@ -1,6 +1,6 @@
 """Fine-tuning train step per method × exit type, relative to plain single-exit fine-tuning of the same model.
 
-    python bench/finetune_step.py [--model DIR] [--task RTE] [--batch 16] [--seq 64] [--steps 4] [--rounds 3]
+    python bench/finetune/finetune_step.py [--model DIR] [--task RTE] [--batch 16] [--seq 64] [--steps 4] [--rounds 3]
 
 Same model (MiniLM weights, 6 layers, hidden 384 by default), same real GLUE batch, fp32, the trainer's own
 `train_step` (forward, per-exit losses, backward, clipping, AdamW, schedule). Cases are interleaved round-robin
@@ -23,15 +23,16 @@ from pathlib import Path
 
 import torch
 
-from elasticbert import minilm_dir
-from finetune.config import from_shortcuts
-from finetune.data import encode_examples, load_tokenizer
-from finetune.model import build_model
-from finetune.tasks import get_task, load_split
-from finetune.train.methods import Phase, build_phases
-from finetune.train.trainer import Trainer, set_seed
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
 
-GLUE = Path(__file__).resolve().parents[2] / "shared" / "data" / "glue"
+from bench.harness import GLUE_DIR as GLUE  # noqa: E402
+from elasticbert import minilm_dir  # noqa: E402
+from finetune.config import from_shortcuts  # noqa: E402
+from finetune.data import encode_examples, load_tokenizer  # noqa: E402
+from finetune.model import build_model  # noqa: E402
+from finetune.tasks import get_task, load_split  # noqa: E402
+from finetune.train.methods import Phase, build_phases  # noqa: E402
+from finetune.train.trainer import Trainer, set_seed  # noqa: E402
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""The GPU half of bench/gpu_check.sh: what the project's figures look like on an accelerator, and the check's report.
+"""The GPU half of bench/gpu/gpu_check.sh: what the project's figures look like on an accelerator, and the check's
+report.
 
 1. Pre-training step at ElasticBERT-base size (hidden 768, 12 layers, bert-base vocab): seq 128 and 512, MLM logits
    at masked positions only (the model's own sparse head), bf16 autocast where the GPU has it (else fp16 autocast),
@@ -9,11 +10,11 @@
    entropy rule spreads samples over the exits: the speed-up ratio needs exits, not accuracy), entropy thresholds
    picked for ≈ 1.5×, 2× and 3× fewer FLOPs; wall-time speed-up ÷ FLOPs speed-up at batch 1 and 32, the full
    model's own forward on the same batches as the reference.
-`--device cpu --quick` runs the same code at toy sizes (CI's smoke test of bench/gpu_check.sh). `--parts` picks what
+`--device cpu --quick` runs the same code at toy sizes (CI's smoke test of bench/gpu/gpu_check.sh). `--parts` picks what
 runs (none: only the report, gpu_check.sh --fast).
 
 The report (OUTPUT/gpu_check.md, printed) ends with ONE table, the check's verdict: every test (pass / fail / skip,
-seconds), the trainer's optimizer step against the bare model step (bench/trainer_overhead.py: the ratio, goal
+seconds), the trainer's optimizer step against the bare model step (bench/pretrain/trainer_overhead.py: the ratio, goal
 <= 1.10; host syncs per step; MFU of both), and the model step's MFU when measured here.
 """
 
@@ -28,10 +29,10 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
 
-from bench import queued_gpu  # noqa: E402
+from bench.gpu import queued_gpu  # noqa: E402
+from bench.harness import write_result  # noqa: E402
 from elasticbert import ElasticBertConfig, ElasticBertForPreTraining, exit_groups  # noqa: E402
 from elasticbert.flops import training_flops_per_token  # noqa: E402
 from pretrain.model_setup import compile_model  # noqa: E402
@@ -337,7 +338,9 @@ def main() -> int:
     ap.add_argument("--parts", nargs="*", default=["model", "early_exit"], choices=["model", "early_exit"])
     ap.add_argument("--mode", default="full", help="the gpu_check.sh mode, for the report's title")
     ap.add_argument("--tests-junit", type=Path, nargs="*", default=None, help="pytest -m gpu's junit XML files")
-    ap.add_argument("--overhead", type=Path, default=None, help="bench/trainer_overhead.py's trainer_overhead.json")
+    ap.add_argument(
+        "--overhead", type=Path, default=None, help="bench/pretrain/trainer_overhead.py's trainer_overhead.json"
+    )
     ap.add_argument("--timings", type=Path, default=None, help="gpu_check.sh's parts: NAME<TAB>SECONDS<TAB>EXIT lines")
     ap.add_argument("--output", type=Path, required=True)
     args = ap.parse_args()
@@ -355,7 +358,7 @@ def main() -> int:
     if "early_exit" in args.parts:
         results["early_exit"] = early_exit_ratios(args.device, args.quick)
         results["early_exit_queued"] = queued_gpu.queued_early_exit_ratios(args.device, args.quick)  # issue 48
-    (args.output / "gpu_check.json").write_text(json.dumps(results, indent=1))
+    write_result(args.output / "gpu_check.json", results)
     (args.output / "gpu_check.md").write_text(report(results))
     print(report(results))
     return 1 if failed(results) else 0

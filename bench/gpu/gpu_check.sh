@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# bench/gpu_check.sh OUTPUT_DIR [--fast | --full] [--cpu] [--list] — the one prepared script for a lent GPU.
+# bench/gpu/gpu_check.sh OUTPUT_DIR [--fast | --full] [--cpu] [--list] — the one prepared script for a lent GPU.
 #
 #   --fast  (≤ 2 min on one modern GPU): `pretrain preflight` on this node; bf16 and fp16 DeepSpeed training at
 #           ElasticBERT-base size (seq 128, micro-batch 32, accumulation 2) -> resume through the CLI, equal to an
 #           uninterrupted run (all runs launched at once); the export loads; early exit agrees between CPU and GPU;
-#           the trainer's optimizer step against the bare model step (bench/trainer_overhead.py, bf16: the ratio,
+#           the trainer's optimizer step against the bare model step (bench/pretrain/trainer_overhead.py, bf16: the ratio,
 #           host syncs per step from CUDA's sync debug mode, MFU); the one-file ONNX early-exit model on ONNX Runtime's
-#           CUDA provider (bench/serving_cuda.py: answers equal the CPU provider's, wall ÷ FLOPs vs the full file).
+#           CUDA provider (bench/gpu/serving_cuda.py: answers equal the CPU provider's, wall ÷ FLOPs vs the full file).
 #   --full  (the default, ≤ 4 min): the same, plus the compiled bf16 train -> resume, DeepSpeed's FusedAdam built
 #           by the preflight for this GPU's arch (started in the background first) against torch's fused AdamW,
-#           fp16 attention without flash, the overhead bench in fp16 too, and bench/gpu_bench.py (the model step's
+#           fp16 attention without flash, the overhead bench in fp16 too, and bench/gpu/gpu_bench.py (the model step's
 #           MFU at seq 128/512, G=2 vs G=1, train.compile; early exit's wall ÷ FLOPs speed-up at batch 1 and 32).
 #   --cpu   the same on the CPU at toy sizes, with this checkout's .venv (CI runs `--cpu --fast`).
 #   --list  print the parts of the mode and exit.
@@ -17,9 +17,9 @@
 # Ends with one table (OUTPUT_DIR/gpu_check.md, also printed): each check, pass/fail/skip and its seconds, the
 # trainer-vs-model ratio (goal ≤ 1.10), host syncs per step, MFU. Exit 1 if a check failed or a part crashed.
 # On a GPU box whose Python lacks DeepSpeed (the lent H200 image has none and no network), first run
-# `bash bench/gpu_wheels.sh` here and carry .gpu_wheels/: this script installs from it, offline.
+# `bash bench/gpu/gpu_wheels.sh` here and carry .gpu_wheels/: this script installs from it, offline.
 set -uo pipefail
-OUT=${1:?usage: bench/gpu_check.sh OUTPUT_DIR [--fast | --full] [--cpu] [--list]}
+OUT=${1:?usage: bench/gpu/gpu_check.sh OUTPUT_DIR [--fast | --full] [--cpu] [--list]}
 shift
 MODE=full
 DEVICE=cuda
@@ -33,7 +33,7 @@ for arg in "$@"; do
     *) echo "gpu_check: unknown option $arg (want --fast, --full, --cpu, --list)" >&2; exit 2 ;;
   esac
 done
-cd "$(dirname "$0")/.." || exit 2
+cd "$(dirname "$0")/../.." || exit 2
 PARTS="corpus tests overhead onnx-cuda report"
 [ "$MODE" = full ] && PARTS="corpus fused-adam-build tests overhead onnx-cuda model-bench report"
 if [ "$LIST" = 1 ]; then
@@ -77,7 +77,7 @@ part() { # part NAME COMMAND...: run it, log to OUT/NAME.log, record its seconds
 
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 part corpus "$PY" -c "import sys; from pathlib import Path; sys.path.insert(0, '.');
-from bench.trainer_overhead import synthetic_corpus; synthetic_corpus(Path('$OUT/corpus'))"
+from bench.pretrain.trainer_overhead import synthetic_corpus; synthetic_corpus(Path('$OUT/corpus'))"
 export EB_CHECK_CORPUS="$OUT/corpus/prepared"
 if [ "$MODE" = full ] && [ "$DEVICE" = cuda ]; then
   # DeepSpeed's FusedAdam for this GPU's arch, built while the tests start (the preflight test then loads it)
@@ -89,17 +89,17 @@ MARK="gpu and not gpu_full"
 [ "$MODE" = full ] && MARK="gpu"
 part tests "$PY" -m pytest -q -s -p no:cacheprovider -m "$MARK" tests/gpu/test_first_contact.py tests/gpu/test_gpu.py \
   --junitxml "$OUT/gpu_tests.xml"
-part overhead "$PY" bench/trainer_overhead.py "${OVERHEAD[@]}" --data "$EB_CHECK_CORPUS" --output "$OUT"
+part overhead "$PY" bench/pretrain/trainer_overhead.py "${OVERHEAD[@]}" --data "$EB_CHECK_CORPUS" --output "$OUT"
 # the one-file early-exit model (issue 60) on ONNX Runtime's CUDA provider: answers equal the CPU's, speed vs the full
-# file (bench/serving_cuda.py; needs onnxruntime-gpu on the box, else it reports "skipped")
-part onnx-cuda "$PY" bench/serving_cuda.py "${ONNX_CUDA[@]}" --output "$OUT"
+# file (bench/gpu/serving_cuda.py; needs onnxruntime-gpu on the box, else it reports "skipped")
+part onnx-cuda "$PY" bench/gpu/serving_cuda.py "${ONNX_CUDA[@]}" --output "$OUT"
 PARTS_ARG=(--parts)
 if [ "$MODE" = full ]; then
   PARTS_ARG=(--parts model early_exit)
 fi
 wait
 echo "== report ($(($(date +%s) - START)) s in)"
-"$PY" bench/gpu_bench.py "${BENCH[@]}" "${PARTS_ARG[@]}" --mode "$MODE" --tests-junit "$OUT/gpu_tests.xml" \
+"$PY" bench/gpu/gpu_bench.py "${BENCH[@]}" "${PARTS_ARG[@]}" --mode "$MODE" --tests-junit "$OUT/gpu_tests.xml" \
   --overhead "$OUT/trainer_overhead.json" --timings "$OUT/parts.tsv" --output "$OUT" 2>&1 | tee "$OUT/report.log"
 status=${PIPESTATUS[0]}
 echo "gpu_check $MODE: $(($(date +%s) - START)) s, report in $OUT/gpu_check.md (exit $status)"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# bench/gpu_wheels.sh — wheels for a GPU box with no network (the lent H200 image: Python 3.12, torch, transformers,
+# bench/gpu/gpu_wheels.sh — wheels for a GPU box with no network (the lent H200 image: Python 3.12, torch, transformers,
 # tokenizers, safetensors, numpy, pyyaml, psutil, ninja, msgpack, einops... but no DeepSpeed). Run it here (PyPI
-# reachable); carry .gpu_wheels/ to the box; bench/gpu_check.sh installs from it with --no-index.
+# reachable); carry .gpu_wheels/ to the box; bench/gpu/gpu_check.sh installs from it with --no-index.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DIR=.gpu_wheels
 PY=${PYTHON:-.venv/bin/python}
 rm -rf "$DIR" && mkdir -p "$DIR"

@@ -1,6 +1,6 @@
 """Early exit on an accelerator, measured: the per-layer queues and CUDA graphs against the full model.
 
-bench/gpu_bench.py (the GPU half of bench/gpu_check.sh) calls `queued_early_exit_ratios` and prints
+bench/gpu/gpu_bench.py (the GPU half of bench/gpu/gpu_check.sh) calls `queued_early_exit_ratios` and prints
 `report_lines`; `--device cpu --quick` runs the same code at toy sizes (the CUDA graphs' capture is then skipped and
 their fixed-shape path runs eagerly). A base-size classifier (hidden 768, 6 layers, an MHA exit on each; random
 weights with the exit heads scaled up so that the entropy rule spreads rows over the exits: the speed-up needs exits,

@@ -1,7 +1,7 @@
-"""The one-file early-exit model (`finetune.serve.onnx_single`) on ONNX Runtime's CUDA provider: bench/gpu_check.sh's
-`onnx-cuda` part (issue 60).
+"""The one-file early-exit model (`finetune.serve.onnx_single`) on ONNX Runtime's CUDA provider:
+bench/gpu/gpu_check.sh's `onnx-cuda` part (issue 60).
 
-The early-exit benches' classifier (bench/queued_gpu.py: base size, six MHA exits whose heads spread the entropy
+The early-exit benches' classifier (bench/gpu/queued_gpu.py: base size, six MHA exits whose heads spread the entropy
 rule's rows over the exits; toy size with `--quick`), traced once and written as two fp32 files: the full model (the
 `static` rule: every layer, the last exit) and early exit (the entropy rule, its threshold fed per run). Then:
 
@@ -13,14 +13,13 @@ rule's rows over the exits; toy size with `--quick`), traced once and written as
 Needs onnxruntime-gpu on a GPU (`CUDAExecutionProvider`); where the provider is missing the report says so and exits
 0 with `"skipped"` (the lent image has no network, and onnxruntime-gpu's wheel is far over what a run can carry).
 
-    python bench/serving_cuda.py --device cuda --output OUT        # a lent GPU
-    .venv/bin/python bench/serving_cuda.py --device cpu --quick --output OUT   # CI (gpu_check.sh --cpu --fast)
+    python bench/gpu/serving_cuda.py --device cuda --output OUT        # a lent GPU
+    .venv/bin/python bench/gpu/serving_cuda.py --device cpu --quick --output OUT   # CI (gpu_check.sh --cpu --fast)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -28,10 +27,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
 
-from bench import queued_gpu  # noqa: E402
+from bench.gpu import queued_gpu  # noqa: E402
+from bench.harness import write_result  # noqa: E402
 from elasticbert.exit_setting import EarlyExitSetting  # noqa: E402
 from elasticbert.flops import sample_flops  # noqa: E402
 
@@ -147,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         results = measure(args.device, args.quick)
     args.output.mkdir(parents=True, exist_ok=True)
-    (args.output / "onnx_cuda.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    write_result(args.output / "onnx_cuda.json", results)
     print(report(results))
     return 0 if "skipped" in results or all(r["answers_equal_cpu"] for r in results["rows"]) else 1
 

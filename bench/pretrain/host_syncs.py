@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TENSOR_METHODS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__", "__index__")
 TORCH_DIR = str(Path(torch.__file__).resolve().parent)
 THIS = str(Path(__file__).resolve())

@@ -1,6 +1,6 @@
 """Pre-training step of ElasticBERT (all exits active) vs. two plain-`transformers` baselines, measured in one run.
 
-    python bench/model_step.py [--hidden 256 768] [--steps 4] [--compile]
+    python bench/pretrain/model_step.py [--hidden 256 768] [--steps 4] [--compile]
 
 Baselines, same sizes, same batches, same masking, same heads (per-exit MLM transform + one tied decoder, per-exit
 pooler + SOP classifier), fwd + bwd + AdamW, fp32:
@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -25,8 +27,11 @@ from torch import nn
 from transformers import BertConfig, BertModel
 from transformers.models.bert.modeling_bert import BertPooler, BertPredictionHeadTransform
 
-from elasticbert import ElasticBertConfig, ElasticBertForPreTraining
-from elasticbert.flops import training_flops_per_token
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
+
+from bench.harness import bert_size, matmul_peak  # noqa: E402
+from elasticbert import ElasticBertConfig, ElasticBertForPreTraining  # noqa: E402
+from elasticbert.flops import training_flops_per_token  # noqa: E402
 
 VOCAB, LAYERS, SEQ, BATCH = 30522, 12, 128, 8
 
@@ -36,14 +41,7 @@ class PlainBertMultiExit(nn.Module):
 
     def __init__(self, hidden: int, attn: str, sparse_mlm: bool) -> None:
         super().__init__()
-        cfg = BertConfig(
-            vocab_size=VOCAB,
-            hidden_size=hidden,
-            num_hidden_layers=LAYERS,
-            num_attention_heads=hidden // 64,
-            intermediate_size=4 * hidden,
-            attn_implementation=attn,
-        )
+        cfg = BertConfig(**bert_size(hidden, LAYERS, vocab=VOCAB), attn_implementation=attn)
         self.bert = BertModel(cfg, add_pooling_layer=False)
         self.transforms = nn.ModuleList([BertPredictionHeadTransform(cfg) for _ in range(LAYERS)])
         self.bias = nn.Parameter(torch.zeros(VOCAB))
@@ -97,17 +95,6 @@ def timed_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch, exits)
     return time.perf_counter() - t
 
 
-def matmul_peak(dtype: torch.dtype = torch.float32, n: int = 2048, reps: int = 5) -> float:
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    a @ b
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - t)
-    return 2 * n**3 / min(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, nargs="+", default=[256, 768])
@@ -116,17 +103,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}; 12 layers, seq {SEQ}, batch {BATCH}, fp32")
-    peak = matmul_peak()
+    peak = matmul_peak(sizes=(2048,), reps=5)
     print(f"fp32 matmul peak (2048³, best of 5): {peak / 1e9:.0f} GFLOP/s")
 
     for hidden in args.hidden:
-        cfg = ElasticBertConfig(
-            vocab_size=VOCAB,
-            hidden_size=hidden,
-            num_hidden_layers=LAYERS,
-            num_attention_heads=hidden // 64,
-            intermediate_size=4 * hidden,
-        )
+        cfg = ElasticBertConfig(**bert_size(hidden, LAYERS, vocab=VOCAB))
         ours = ElasticBertForPreTraining(cfg)
         exits = tuple(range(1, LAYERS + 1))
         contestants = {

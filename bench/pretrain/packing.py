@@ -23,14 +23,13 @@ sample to the micro-batch's longest, `pack` packs them into rows of max_length) 
   the first pool of 50 batches as random batches (the default) and grouped by length (the same 1,600 examples),
   real tokens per second of each.
 
-Usage: python bench/packing.py [--quick] [--micro 32] [--threads 1] [--json OUT]
+Usage: python bench/pretrain/packing.py [--quick] [--micro 32] [--threads 1] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import sys
 import tempfile
@@ -40,13 +39,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
 
+from bench.harness import CORPUS as SHARED  # noqa: E402
+from bench.harness import best_of_rounds, load_average, write_result  # noqa: E402
 from elasticbert import ElasticBertConfig, ElasticBertForPreTraining, exit_groups, minilm_dir  # noqa: E402
 from pretrain.collation import collate, pack, pack_rows, row_plan  # noqa: E402
 
-SHARED = Path("/work/shared/data/corpus")
 VOCAB = 30522
 SIZES = {  # name: (hidden, layers, heads, ffn)
     "tiny": (64, 4, 2, 256),
@@ -282,22 +281,21 @@ def finetune_throughput(glue: Path, task: str, rounds: int) -> dict:
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=2e-5)
     real = sum(int(b["attention_mask"].sum()) for b in both["random"])
-    best = dict.fromkeys(both, float("inf"))
-    for _ in range(rounds):
-        for name, batches in both.items():
-            t0 = time.perf_counter()
-            for b in batches:
-                labels = b["labels"].clamp(0, 1).long()
-                out = model(
-                    input_ids=b["input_ids"],
-                    attention_mask=b["attention_mask"],
-                    token_type_ids=b["token_type_ids"],
-                    labels=labels,
-                )
-                out.loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            best[name] = min(best[name], time.perf_counter() - t0)
+
+    def epoch(batches: list[dict]) -> None:
+        for b in batches:
+            labels = b["labels"].clamp(0, 1).long()
+            out = model(
+                input_ids=b["input_ids"],
+                attention_mask=b["attention_mask"],
+                token_type_ids=b["token_type_ids"],
+                labels=labels,
+            )
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    best = best_of_rounds({name: lambda batches=batches: epoch(batches) for name, batches in both.items()}, rounds)
     padding = {n: 1 - real / sum(b["input_ids"].numel() for b in bs) for n, bs in both.items()}
     return {
         "task": task,
@@ -321,7 +319,7 @@ def main() -> None:
     ap.add_argument("--only", metavar="CORPUS:SEQ", help="one case, e.g. WikiText-2:512 (no fine-tuning table)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    load_start = os.getloadavg()
+    load_start = load_average()
     stats_batches = 8 if args.quick else 64  # padding figures: cheap, so many micro-batches
     timed = {"tiny": 2 if args.quick else 6, "base-width": 1 if args.quick else args.base_batches}
     rounds = {"tiny": 2 if args.quick else 3, "base-width": 1 if args.quick else args.base_rounds}
@@ -350,17 +348,17 @@ def main() -> None:
         if args.only
         else [finetune_throughput(SHARED.parent / "glue", t, 1 if args.quick else 2) for t in ("CoLA", "SST-2")]
     )
-    report(results, tasks, args, load_start, os.getloadavg())
+    report(results, tasks, args, load_start, load_average())
     if args.json:
-        args.json.write_text(json.dumps({"pretrain": results, "finetune": tasks}, indent=1))
+        write_result(args.json, {"pretrain": results, "finetune": tasks})
 
 
 def report(
-    results: list[dict], tasks: list[dict], args: argparse.Namespace, load_start: tuple, load_end: tuple
+    results: list[dict], tasks: list[dict], args: argparse.Namespace, load_start: float, load_end: float
 ) -> None:
     print(
-        f"\nmicro-batch {args.micro} samples, {args.threads} thread(s), load average {load_start[0]:.1f} at the "
-        f"start, {load_end[0]:.1f} at the end ({os.cpu_count()} cores, shared)\n"
+        f"\nmicro-batch {args.micro} samples, {args.threads} thread(s), load average {load_start:.1f} at the "
+        f"start, {load_end:.1f} at the end ({os.cpu_count()} cores, shared)\n"
     )
     print(
         "| corpus | seq | mean sample | padding before → packed | rows of max_length: padding (at the rows' bound) "

@@ -14,13 +14,12 @@ Config: 12 layers, seq 128, hidden 256 and 768, bert-base-uncased vocabulary (30
 (e) bf16 autocast vs fp32: same init, same batches, same dropout seeds; loss over the last steps.
 Then a projection for ElasticBERT-base on 64 GPUs from the same FLOP model (assumptions printed).
 
-Usage: python bench/pretrain_step.py [--quick] [--json OUT]
+Usage: python bench/pretrain/pretrain_step.py [--quick] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -32,10 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
 
 import elasticbert  # noqa: E402
+from bench.harness import GUTENBERG, bert_size, load_average, matmul_peak, write_result  # noqa: E402
 from elasticbert import ElasticBertConfig, ElasticBertForPreTraining, exit_groups  # noqa: E402
 from elasticbert.flops import training_flops_per_token  # noqa: E402
 
@@ -52,9 +51,7 @@ def prepare_samples(workdir: Path) -> tuple[object, list[dict]]:
     from data_prep.reader import PreparedCorpus
     from pretrain.data import MaskingConfig, PretrainingDataset, build_sample_index
 
-    gut = REPO.parent / "shared" / "data" / "corpus" / "gutenberg"
-    if not gut.is_dir():
-        gut = Path("/work/shared/data/corpus/gutenberg")
+    gut = GUTENBERG
     out = workdir / "gutenberg"
     tokenize_corpus(
         [str(gut / b) for b in BOOKS], out, tokenizer=elasticbert.minilm_dir() / "vocab.txt", valid_fraction=0.0
@@ -112,13 +109,7 @@ class PlainBertMultiExit(nn.Module):
         from transformers.models.bert.modeling_bert import BertPredictionHeadTransform
 
         cfg = BertConfig(
-            vocab_size=VOCAB,
-            hidden_size=hidden,
-            num_hidden_layers=LAYERS,
-            num_attention_heads=hidden // 64,
-            intermediate_size=4 * hidden,
-            max_position_embeddings=512,
-            attn_implementation="sdpa",
+            **bert_size(hidden, LAYERS, vocab=VOCAB), max_position_embeddings=512, attn_implementation="sdpa"
         )
         self.bert = BertModel(cfg, add_pooling_layer=False)
         self.transforms = nn.ModuleList([BertPredictionHeadTransform(cfg) for _ in range(LAYERS)])
@@ -156,11 +147,7 @@ class PlainBertMultiExit(nn.Module):
 
 def model_config(hidden: int, dropout: float = 0.1) -> ElasticBertConfig:
     return ElasticBertConfig(
-        vocab_size=VOCAB,
-        hidden_size=hidden,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=hidden // 64,
-        intermediate_size=4 * hidden,
+        **bert_size(hidden, LAYERS, vocab=VOCAB),
         max_position_embeddings=512,
         hidden_dropout_prob=dropout,
         attention_probs_dropout_prob=dropout,
@@ -224,18 +211,6 @@ class Variant:
         mask_frac = float((batch["mlm_labels"] != -100).sum()) / tokens
         per = [training_flops_per_token(self.cfg, g, SEQ, mask_frac) for g in self.groups]
         return sum(per) / len(per) * batch["input_ids"].numel()
-
-
-def matmul_peak(dtype: torch.dtype) -> float:
-    best = 0.0
-    for n in (1024, 2048):
-        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-        a @ b
-        for _ in range(3):
-            t0 = time.perf_counter()
-            a @ b
-            best = max(best, 2 * n**3 / (time.perf_counter() - t0))
-    return best
 
 
 def time_variants(variants: list[Variant], batches: list[dict], rounds: int, peaks: dict) -> None:
@@ -313,10 +288,10 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
-    results: dict = {"threads": threads, "torch": torch.__version__, "loadavg_start": os.getloadavg()[0]}
+    results: dict = {"threads": threads, "torch": torch.__version__, "loadavg_start": load_average()}
     print(
         f"pretrain step benchmark: 12 layers, seq {SEQ}, vocab {VOCAB}, {threads} thread(s), torch "
-        f"{torch.__version__}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+        f"{torch.__version__}, load average {load_average():.1f} on {os.cpu_count()} cores"
     )
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -401,8 +376,8 @@ def main() -> None:
             del ours, base, variants  # free ~4 GB before the next size
 
     results["peak_gflops"] = {k: v / 1e9 for k, v in peaks.items()}
-    results["loadavg_end"] = os.getloadavg()[0]
-    print(f"\nload average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    results["loadavg_end"] = load_average()
+    print(f"\nload average at the end {results['loadavg_end']:.1f} on {os.cpu_count()} cores")
     p = projection()
     results["projection"] = p
     print(
@@ -412,7 +387,7 @@ def main() -> None:
     )
     print(f"  assumptions: {p['assumptions']}")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        write_result(Path(args.json), results, indent=2)
 
 
 if __name__ == "__main__":

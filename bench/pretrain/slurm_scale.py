@@ -2,8 +2,8 @@
 nodes of tests/slurm/local_cluster.sh, partition `scale`) with 8, 16, 32 and 64 ranks and a tiny model (--set), each
 job measured from the outside and through its own events.
 
-    python bench/slurm_scale.py run --ranks 8,16,32,64 --output docs/scale   # ~45 min on 2 cores; root (Slurm)
-    python bench/slurm_scale.py report --output docs/scale                    # table + plot from the JSON
+    python bench/pretrain/slurm_scale.py run --ranks 8,16,32,64 --output docs/scale   # ~45 min on 2 cores; root (Slurm)
+    python bench/pretrain/slurm_scale.py report --output docs/scale                    # table + plot from the JSON
 
 Per rank count R (R/8 tasks on each of the 8 nodes; global batch 64 = micro-batch 1 x 64/R accumulation x R):
 
@@ -40,7 +40,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
+
+from bench.harness import REPO, write_result  # noqa: E402
+
 for sub in ("tests/slurm", "tests/support"):
     sys.path.insert(0, str(REPO / sub))
 
@@ -288,7 +291,7 @@ def report(results: dict[str, Any], out: Path) -> None:
     runs = [results[k] for k in sorted(results, key=int)]
     ranks = [r["ranks"] for r in runs]
     lines = [
-        "# The 64-rank job on one box (`python bench/slurm_scale.py run`)",
+        "# The 64-rank job on one box (`python bench/pretrain/slurm_scale.py run`)",
         "",
         f"8 Slurm nodes (network namespaces) on 2 cores and {MemoryWatch.available() / 1024:.0f} GB; tiny model "
         "(hidden 32, 4 layers, seq 64), global batch 64, fp32 gloo, ZeRO-1. Fit: least squares y = a + b·R.",
@@ -383,7 +386,7 @@ def main() -> None:
                     shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
             results[str(ranks)] = measure(ranks, args.work, corpus, parts, results.get(str(ranks), {}))
             args.output.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(results, indent=1))
+            write_result(path, results)
     report(results, args.output)
 
 

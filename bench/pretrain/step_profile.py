@@ -1,7 +1,7 @@
 """Where a pre-training step's time goes: torch.profiler operator tables (self CPU time) for ElasticBERT with all
-exits active and for the informed plain-`transformers` baseline of `bench/model_step.py`, same batches.
+exits active and for the informed plain-`transformers` baseline of `bench/pretrain/model_step.py`, same batches.
 
-    .venv/bin/python bench/step_profile.py --hidden 256 768 --steps 2 [--by-shape] [--top 14]
+    .venv/bin/python bench/pretrain/step_profile.py --hidden 256 768 --steps 2 [--by-shape] [--top 14]
 
 Prints, per hidden size, the operators by self CPU time for both models side by side (ms per step, share of the
 step), so a difference between the two names its operator; `--by-shape` splits each operator by its input shapes
@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
 
-from model_step import LAYERS, VOCAB, PlainBertMultiExit, make_batches, timed_step  # noqa: E402
-
+from bench.harness import bert_size  # noqa: E402
+from bench.pretrain.model_step import LAYERS, VOCAB, PlainBertMultiExit, make_batches, timed_step  # noqa: E402
 from elasticbert import ElasticBertConfig, ElasticBertForPreTraining  # noqa: E402
 
 
@@ -54,13 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     exits = tuple(range(1, LAYERS + 1))
     for hidden in args.hidden:
-        cfg = ElasticBertConfig(
-            vocab_size=VOCAB,
-            hidden_size=hidden,
-            num_hidden_layers=LAYERS,
-            num_attention_heads=hidden // 64,
-            intermediate_size=4 * hidden,
-        )
+        cfg = ElasticBertConfig(**bert_size(hidden, LAYERS, vocab=VOCAB))
         batches = make_batches(args.steps + 1)
         ours = operator_times(ElasticBertForPreTraining(cfg).train(), batches, exits, args.by_shape)
         base = operator_times(

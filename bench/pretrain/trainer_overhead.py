@@ -8,16 +8,16 @@ micro-batches from its loader, and times, in alternating rounds:
            engine's forward/backward/step, the statistics, the one all-reduce and read, the guards, the record)
   bare     the same model (same initial weights), the same batches, precision and AdamW in a plain loop: forward,
            backward (loss / accumulation), gradient clipping, the optimizer step; bf16 / fp16 as autocast (the
-           model's step as issue 51 measured it, bench/gpu_bench.py's), fp32 as it is; torch's fused AdamW on a GPU
+           model's step as issue 51 measured it, bench/gpu/gpu_bench.py's), fp32 as it is; torch's fused AdamW on a GPU
            (what the trainer's default `optim.backend: torch` hands DeepSpeed), foreach on the CPU
 
 at micro-batch 32 and gradient accumulation 2 (the 64-V100 layout: 32 x 2 x 64 ranks = 4,096), then counts the host
-syncs of a few steps of each (`bench/host_syncs.py`: per step, by origin, with where each comes from). Prints the
-ratio trainer / bare (goal <= 1.10) and the MFU of both (useful FLOPs of the active exits over the device's peak).
+syncs of a few steps of each (`bench/pretrain/host_syncs.py`: per step, by origin, with where each comes from). Prints
+the ratio trainer / bare (goal <= 1.10) and the MFU of both (useful FLOPs of the active exits over the device's peak).
 
-    python bench/trainer_overhead.py                                  # tiny and base, fp32 and bf16, CPU
-    python bench/trainer_overhead.py --sizes base --precisions bf16 --device cuda --output OUT
-    python bench/trainer_overhead.py --sizes tiny --precisions fp32 --quick        # CI smoke
+    python bench/pretrain/trainer_overhead.py                                  # tiny and base, fp32 and bf16, CPU
+    python bench/pretrain/trainer_overhead.py --sizes base --precisions bf16 --device cuda --output OUT
+    python bench/pretrain/trainer_overhead.py --sizes tiny --precisions fp32 --quick        # CI smoke
 
 Each configuration runs in its own process (one process group, one engine each); the parent prints the table.
 """
@@ -36,8 +36,9 @@ from itertools import cycle, islice
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
+
+from bench.harness import REPO, write_result  # noqa: E402
 
 SIZES = {  # the run config each size starts from, and what it changes
     "tiny": ("configs/tiny_cpu.yaml", []),
@@ -103,7 +104,7 @@ def run_config(size: str, precision: str, corpus: Path, micro: int, accum: int, 
 
 
 class BareLoop:
-    """The model's own optimizer step, as issue 51 measured it (and bench/gpu_bench.py does): fp32 weights under
+    """The model's own optimizer step, as issue 51 measured it (and bench/gpu/gpu_bench.py does): fp32 weights under
     autocast in bf16 / fp16 (fp16 with a gradient scaler), the loss / accumulation backward per micro-batch, gradient
     clipping, torch's AdamW (fused on a GPU, foreach on the CPU), no DeepSpeed, no trainer."""
 
@@ -155,7 +156,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     """One (size, precision) in this process: both arms timed in alternating rounds, then their host syncs."""
     import torch
 
-    from bench.host_syncs import count_host_syncs
+    from bench.pretrain.host_syncs import count_host_syncs
     from pretrain.config import load_config
     from pretrain.mfu import model_flops_utilization, peak_flops
     from pretrain.model_setup import build_model
@@ -322,7 +323,7 @@ def run_all(args: argparse.Namespace) -> int:
     print("\n" + table(results))
     if args.output:
         args.output.mkdir(parents=True, exist_ok=True)
-        (args.output / "trainer_overhead.json").write_text(json.dumps(results, indent=1))
+        write_result(args.output / "trainer_overhead.json", results)
         (args.output / "trainer_overhead.md").write_text(table(results) + "\n")
     return 0
 

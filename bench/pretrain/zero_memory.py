@@ -1,7 +1,7 @@
 """Memory and checkpoint figures for ElasticBERT-base and -large under DeepSpeed ZeRO-0/1/2/3, measured here on CPU
 with 2 processes (gloo), next to DeepSpeed's own estimators, then projected to 64 × V100-32GB with fp16.
 
-    python bench/zero_memory.py --output docs/scale            # both sizes, all stages (~10 min on 2 cores)
+    python bench/pretrain/zero_memory.py --output docs/scale            # both sizes, all stages (~10 min on 2 cores)
 
 Per (model, stage), 2 rank processes build the model, `deepspeed.initialize` it with the project's AdamW settings,
 run one optimizer step (so the optimizer states exist), and report what this rank holds: parameters, gradients and
@@ -27,8 +27,9 @@ from pathlib import Path
 import torch
 from torch.multiprocessing import ProcessExitedException
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
+
+from bench.harness import REPO, write_result  # noqa: E402
 
 SIZES = {  # the architecture of configs/elasticbert_{base,large}.yaml
     "base": dict(
@@ -167,7 +168,7 @@ def rank_main(rank: int, size: str, stage: int, port: int, out_dir: str) -> None
         "checkpoint_bytes": disk,
         "numel": numel,
     }
-    (Path(out_dir) / f"result_{size}_{stage}_{rank}.json").write_text(json.dumps(result))
+    write_result(Path(out_dir) / f"result_{size}_{stage}_{rank}.json", result, indent=None)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()  # else gloo can abort this rank at exit (pytorch#190489)
 
@@ -312,7 +313,7 @@ def main() -> int:
 
 def write_report(results: dict, output: Path) -> None:
     output.mkdir(parents=True, exist_ok=True)
-    (output / "zero_memory.json").write_text(json.dumps(results, indent=1))
+    write_result(output / "zero_memory.json", results)
     lines = [
         "| model | ZeRO | params / rank | grads / rank | optimizer / rank | checkpoint on disk | save | load |",
         "|---|---|---|---|---|---|---|---|",

@@ -6,7 +6,7 @@ runs the reference and every operating point back to back, `--rounds` times, and
 summed. On a shared machine load changes over seconds, so pairing at the millisecond scale keeps both sides under the
 same conditions. Process CPU time is reported beside wall time as a cross-check. Target: ratio >= 0.9 everywhere.
 
-    .venv/bin/python bench/early_exit.py --model runs/sst2-jt/best --task SST-2
+    .venv/bin/python bench/serving/early_exit.py --model runs/sst2-jt/best --task SST-2
 
 Operating points: by default the thresholds of a quick sweep whose FLOPs speed-up is nearest 1.5x, 2x and 3x
 (`--targets`), or pass `--thresholds`. Predictions must not depend on the batch size (checked and printed).
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
 
 from common.cli import add_data_dir, add_threads  # noqa: E402
 from finetune.data import EncodedSplit, in_dataset_order, load_tokenizer, subsample  # noqa: E402

@@ -13,7 +13,7 @@ shows what per token costs and buys, on one layer of an export, against that pie
 Real inputs: dev sentences through the export's tokenizer and first step (the layer measured is a later step without
 its exit head, `onnx.utils.extract_model`).
 
-    .venv/bin/python bench/int8_batch_invariance.py --export exports/sst2_onnx --task SST-2
+    .venv/bin/python bench/serving/int8_batch_invariance.py --export exports/sst2_onnx --task SST-2
 """
 
 from __future__ import annotations
@@ -27,22 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
 
-from experiments.common import GLUE_DIR  # noqa: E402
+from bench.harness import GLUE_DIR, write_result  # noqa: E402
+from bench.harness import ort_session as session  # noqa: E402
 from finetune.tasks import get_task, load_split  # noqa: E402
 
 PER_TENSOR = "int8 per tensor (quantize_dynamic)"
-
-
-def session(path: Path):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def hidden_states(export: Path, texts: list[str], rows: int, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -124,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in sessions:
             figures[name].setdefault("ms", {})[label] = 1e3 * best[label, name]
     if args.json is not None:
-        args.json.write_text(json.dumps(figures, indent=2), encoding="utf-8")
+        write_result(args.json, figures, indent=2)
     return 0
 
 

@@ -9,14 +9,13 @@ side by side in one process:
 - speed: the full model's forward over the same rows at batch 1 (each row alone) and 32, best of `--rounds` rounds,
   the three models interleaved within each round (the machine is shared), and the ratio per token ÷ per tensor.
 
-    python bench/int8_eager_per_token.py --model RUN/best --task SST-2 --rows 400 --rounds 3 [--json OUT]
+    python bench/serving/int8_eager_per_token.py --model RUN/best --task SST-2 --rows 400 --rounds 3 [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 import time
 import warnings
@@ -25,11 +24,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
 
+from bench.harness import GLUE_DIR, write_result  # noqa: E402
 from elasticbert.early_exit import entropy_nats  # noqa: E402
 from elasticbert.precision import for_inference, quantized_engine  # noqa: E402
-from experiments.common import GLUE_DIR  # noqa: E402
 from finetune.data import EncodedSplit, load_tokenizer  # noqa: E402
 from finetune.model import exit_logits, load_finetuned  # noqa: E402
 from finetune.serve.early_exit import make_rule, run_batch  # noqa: E402
@@ -151,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         figures[f"seconds_{b.replace(' ', '')}"] = {name: best[name, b] for name in models}
         figures[f"per_token_over_per_tensor_{b.replace(' ', '')}"] = ratio
     if args.json is not None:
-        args.json.write_text(json.dumps(figures, indent=2), encoding="utf-8")
+        write_result(args.json, figures, indent=2)
     return 0
 
 

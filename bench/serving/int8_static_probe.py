@@ -6,12 +6,12 @@ costs 1.2-1.4x per layer against `quantize_dynamic`, whose one scale per tensor 
 (calibrated) activation scales are batch-invariant too; this probe measures whether they are the cheaper way (answer,
 2026-12-04: no — docs/serving.md). One thread everywhere.
 
-    python bench/int8_static_probe.py build TASK --export SST-2=DIR --work-dir W   # quantize the steps
-    python bench/int8_static_probe.py eval  TASK ...                                # errors, invariance, accuracy
-    python bench/int8_static_probe.py time  TASK ...                                # per-layer latency
+    python bench/serving/int8_static_probe.py build TASK --export SST-2=DIR --work-dir W  # quantize the steps
+    python bench/serving/int8_static_probe.py eval  TASK ...  # errors, invariance, accuracy
+    python bench/serving/int8_static_probe.py time  TASK ...  # per-layer latency
 
-DIR: a format-2 early-exit export folder (`finetune export --layout onnx`; bench/serving.py leaves them under its
-work dir as TASK/ee_onnx). Results are written as JSON into the work dir.
+DIR: a format-2 early-exit export folder (`finetune export --layout onnx`; bench/serving/serving.py leaves them under
+its work dir as TASK/ee_onnx). Results are written as JSON into the work dir.
 """
 
 from __future__ import annotations
@@ -29,9 +29,14 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
+
+from bench.harness import GLUE_DIR, write_result  # noqa: E402
+from bench.harness import ort_session as session  # noqa: E402
+
 WORK = Path("/tmp/int8_static_probe")  # set by --work-dir
 EXPORTS: dict[str, Path] = {}  # task -> export folder, set by --export
-GLUE = Path(__file__).resolve().parents[2] / "shared" / "data" / "glue"  # set by --glue
+GLUE = GLUE_DIR  # set by --glue
 N_CALIB = 300
 STATIC = (
     "static_minmax",
@@ -43,15 +48,6 @@ STATIC = (
 )
 LAYERS = 6
 ENTROPY_BINS = 2048
-
-
-def session(path: Path) -> ort.InferenceSession:
-    o = ort.SessionOptions()
-    o.intra_op_num_threads, o.inter_op_num_threads = 1, 1
-    o.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    o.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), o, providers=["CPUExecutionProvider"])
 
 
 def read_tsv(task: str, split: str):
@@ -289,7 +285,7 @@ def evaluate(task: str) -> None:
         r["batch_dependence_step2_hidden_row0"] = float(np.abs(out2[:1] - a2).max())
         res[v] = r
         print(v, json.dumps(r), flush=True)
-    (WORK / f"eval_{task}.json").write_text(json.dumps(res, indent=2))
+    write_result(WORK / f"eval_{task}.json", res, indent=2)
 
 
 def layer_only(task: str, v: str, index: int) -> Path:
@@ -374,7 +370,7 @@ def timing(task: str, index: int = 2, rounds: int = 9) -> None:
             )
     for v, c in res["optimized_ops"].items():
         print(v, c)
-    (WORK / f"time_{task}.json").write_text(json.dumps(res, indent=2))
+    write_result(WORK / f"time_{task}.json", res, indent=2)
 
 
 def main() -> None:

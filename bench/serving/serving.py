@@ -30,9 +30,9 @@ tensor, so its logits move with the batch: its threshold must hold one input at 
 order (the other runtimes answer an input the same in any batch). `--device cuda` runs the torch rows on a GPU (CUDA
 graphs for the early-exit engine; int8 rows are CPU-only). Needs onnxruntime and onnx (`pip install '.[bench]'`).
 
-    .venv/bin/python bench/serving.py --model SST-2=runs/sst2/best --model MRPC=runs/mrpc/best --rounds 2
-    .venv/bin/python bench/serving.py --model SST-2=runs/sst2/best --max-examples 64 --rounds 1   # a quick look
-    .venv/bin/python bench/serving.py --model SST-2=A --model MRPC=B --configs "ORT int8 full" "ORT int8 EE" \
+    .venv/bin/python bench/serving/serving.py --model SST-2=runs/sst2/best --model MRPC=runs/mrpc/best --rounds 2
+    .venv/bin/python bench/serving/serving.py --model SST-2=runs/sst2/best --max-examples 64 --rounds 1   # a quick look
+    .venv/bin/python bench/serving/serving.py --model SST-2=A --model MRPC=B --configs "ORT int8 full" "ORT int8 EE" \
         "ORT int8 EE one file" "ORT int8 EE ours" --rounds 5 --no-pipeline     # issue 60's rows
 
 Writes OUTPUT/results.json and OUTPUT/section.md (default docs/results/serving).
@@ -44,7 +44,6 @@ import argparse
 import os
 import platform
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -52,9 +51,10 @@ import numpy as np
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
 
-from bench.serving_report import section  # noqa: E402
+from bench.harness import Clock, clock  # noqa: E402
+from bench.serving.serving_report import section  # noqa: E402
 from elasticbert.exit_queues import EarlyExitResult, ExitQueues  # noqa: E402
 from elasticbert.exit_setting import EarlyExitSetting  # noqa: E402
 from elasticbert.precision import for_inference  # noqa: E402
@@ -65,11 +65,6 @@ from finetune.serve.early_exit import make_rule, per_sample_flops, static_flops 
 from finetune.serve.inputs import TextInput  # noqa: E402
 from finetune.serve.predict import EarlyExitClassifier, trained_max_length  # noqa: E402
 from finetune.tasks import get_task, load_split  # noqa: E402
-
-# The bench's clock: wall time (`--clock wall`, the figures to report from a quiet machine), or the calling thread's
-# CPU time (`--clock cpu`: one thread computes everything on the calling thread, so on a loaded machine this is the
-# work itself, without the waits for a core; it cannot see time spent waiting on memory or other threads).
-clock = time.perf_counter
 
 # configuration -> (runtime and precision: the full model it is compared with, early exit or not)
 CONFIGS = {
@@ -475,14 +470,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="where the torch rows run (cuda: a GPU)")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/serving_bench"))
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "serving")
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall time, or the thread's CPU time")
+    Clock.add_option(parser)
     args = parser.parse_args(argv)
-    global clock
-    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    clock.use(args.clock)
     try:
         import onnxruntime
     except ImportError:
-        sys.exit("bench/serving.py: needs the bench extra: pip install onnxruntime onnx")
+        sys.exit("bench/serving/serving.py: needs the bench extra: pip install onnxruntime onnx")
     models = dict(spec.split("=", 1) for spec in args.model)
     results = {
         "cpu": platform.processor() or platform.machine(),

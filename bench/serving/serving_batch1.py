@@ -1,5 +1,5 @@
 """Where a request's time goes at batch 1: early exit on the ONNX Runtime int8 steps against the full model on ONNX
-Runtime int8 (`bench/serving.py`'s two rows of issue 48's batch-1 goal), taken apart.
+Runtime int8 (`bench/serving/serving.py`'s two rows of issue 48's batch-1 goal), taken apart.
 
 One thread, the task's dev set handed in one input at a time, best of `--rounds` interleaved rounds:
 
@@ -17,9 +17,9 @@ From these: what the stream spends outside the steps, what a step costs in the s
 layer of the full model, and the wall ÷ FLOPs the early-exit row would reach if its steps cost what the full model's
 layers do and its Python what the full row's does — the ceiling of the one-session-per-layer design here.
 
-    .venv/bin/python bench/serving_batch1.py --model SST-2=RUN/best --work-dir WORK --threshold 0.5767
+    .venv/bin/python bench/serving/serving_batch1.py --model SST-2=RUN/best --work-dir WORK --threshold 0.5767
 
-WORK is `bench/serving.py`'s `--work-dir` (WORK/TASK/ee_onnx and WORK/TASK/model_int8.onnx, made there).
+WORK is `bench/serving/serving.py`'s `--work-dir` (WORK/TASK/ee_onnx and WORK/TASK/model_int8.onnx, made there).
 """
 
 from __future__ import annotations
@@ -27,16 +27,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
 
-from bench import serving  # noqa: E402
-from bench.serving import full_runner, onnx_sessions, rust_encoder  # noqa: E402
+from bench.harness import Clock, clock, load_average  # noqa: E402
+from bench.serving.serving import full_runner, onnx_sessions, rust_encoder  # noqa: E402
 from elasticbert.exit_setting import EarlyExitSetting  # noqa: E402
 from experiments.common import GLUE_DIR, write_json  # noqa: E402
 from finetune.data import EncodedSplit, load_tokenizer  # noqa: E402
@@ -67,12 +66,6 @@ class TimedSteps:
         self.calls += 1
         self.cache[key] = out
         return out
-
-
-# The bench's clock: wall time (`--clock wall`, the figures to report from a quiet machine), or the calling thread's
-# CPU time (`--clock cpu`: one thread computes everything on the calling thread, so on a loaded machine this is the
-# work itself, without the waits for a core; it cannot see time spent waiting on memory or other threads).
-clock = time.perf_counter
 
 
 def stream_pass(
@@ -223,15 +216,13 @@ def report(task: str, r: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", action="append", required=True, metavar="TASK=DIR")
-    parser.add_argument("--work-dir", type=Path, required=True, help="bench/serving.py's --work-dir")
+    parser.add_argument("--work-dir", type=Path, required=True, help="bench/serving/serving.py's --work-dir")
     parser.add_argument("--threshold", type=float, action="append", required=True, help="entropy τ, per --model")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--output", type=Path, default=None, help="write results.json here")
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall time, or the thread's CPU time")
+    Clock.add_option(parser)
     args = parser.parse_args(argv)
-    global clock
-    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
-    serving.clock = clock  # full_runner's
+    clock.use(args.clock)
     if len(args.threshold) != len(args.model):
         parser.error("give one --threshold per --model")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
@@ -244,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             print(report(task, results[task]), flush=True)
     if args.output is not None:
         write_json(
-            args.output / "results.json", {"load_average": os.getloadavg(), "clock": args.clock, "tasks": results}
+            args.output / "results.json", {"load_average": load_average(), "clock": args.clock, "tasks": results}
         )
     return 0
 

@@ -13,29 +13,22 @@ given length, every row running to the last layer (so that every form does the s
 - `Loop`: embeddings, one `Loop` over the layers whose body gathers its layer's weights from tensors stacked over the
   layers (an `If` per layer is the other way to pick weights), then the last exit; no exit heads inside.
 
-    .venv/bin/python bench/serving_forms.py --model RUN/best --length 25 --rounds 5
+    .venv/bin/python bench/serving/serving_forms.py --model RUN/best --length 25 --rounds 5
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
 
+from bench.harness import Clock, clock, load_average  # noqa: E402
 from elasticbert.exit_setting import EarlyExitSetting  # noqa: E402
-
-# The bench's clock: wall time (`--clock wall`, the figures to report from a quiet machine), or the calling thread's
-# CPU time (`--clock cpu`: one thread computes everything on the calling thread, so on a loaded machine this is the
-# work itself, without the waits for a core; it cannot see time spent waiting on memory or other threads).
-clock = time.perf_counter
 
 
 def _files(model, precision: str) -> dict:
@@ -166,10 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--precisions", nargs="+", default=["int8", "fp32"])
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall time, or the thread's CPU time")
+    Clock.add_option(parser)
     args = parser.parse_args(argv)
-    global clock
-    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    clock.use(args.clock)
     torch.set_num_threads(1)
     if args.model is not None:
         from finetune.model import load_finetuned
@@ -189,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             ms = measure(_files(model, precision), args.length, args.rounds, args.repeats)
         line = ", ".join(f"{name} {value:.3f} ms ({value / ms['straight']:.2f}x)" for name, value in ms.items())
-        print(f"{precision}, batch 1, {args.length} tokens, one thread (load {os.getloadavg()[0]:.1f}): {line}")
+        print(f"{precision}, batch 1, {args.length} tokens, one thread (load {load_average():.1f}): {line}")
     return 0
 
 

@@ -2,7 +2,7 @@
 ONNX Runtime session (fp32, int8) — the early-exit engine's unit of work. A prototype measurement for the serving
 path's batch-1 shortfall (docs/serving.md); the engine itself runs eager torch.
 
-    .venv/bin/python bench/serving_layers.py --model RUN/best --task SST-2 --examples 200
+    .venv/bin/python bench/serving/serving_layers.py --model RUN/best --task SST-2 --examples 200
 
 Every configuration runs all layers and exits of each dev sentence at batch 1 (no exit taken, so every configuration
 does the same work); rounds are interleaved and the best of `--rounds` is kept. The ORT fp32 blocks are checked
@@ -20,10 +20,10 @@ import numpy as np
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
 
+from bench.harness import GLUE_DIR  # noqa: E402
 from elasticbert.precision import for_inference  # noqa: E402
-from experiments.common import GLUE_DIR  # noqa: E402
 from finetune.data import EncodedSplit, load_tokenizer  # noqa: E402
 from finetune.model import load_finetuned  # noqa: E402
 from finetune.tasks import get_task, load_split  # noqa: E402

@@ -10,14 +10,13 @@ exits: the median of its first exit's score on these rows), on the first `--rows
 - int8: the file (per-token int8) against the same engine on the export's per-layer int8 pieces (`OnnxLayers`):
   labels, exit layers, FLOPs equal, probabilities within 1e-5.
 
-    .venv/bin/python bench/serving_one_file.py --model SST-2=RUN1/best --model MRPC=RUN2/best --rows 400 \\
+    .venv/bin/python bench/serving/serving_one_file.py --model SST-2=RUN1/best --model MRPC=RUN2/best --rows 400 \\
         --output docs/results/onnx_single_file/equality.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import tempfile
@@ -26,9 +25,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
 
+
+from bench.harness import GLUE_DIR, write_result  # noqa: E402
 from elasticbert.early_exit import (  # noqa: E402
     EarlyExitSetting,
     entropy_nats,
@@ -36,7 +36,6 @@ from elasticbert.early_exit import (  # noqa: E402
     per_sample_flops,
     run_batch,
 )
-from experiments.common import GLUE_DIR  # noqa: E402
 from finetune.data import EncodedSplit, load_tokenizer  # noqa: E402
 from finetune.model import exit_logits, load_finetuned  # noqa: E402
 from finetune.serve.predict import trained_max_length  # noqa: E402
@@ -140,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps({"results": results, "failed": failed}, indent=1), encoding="utf-8")
+        write_result(args.output, {"results": results, "failed": failed})
     print("every cell equal" if not failed else f"DIFFERENT: {failed}")
     return 1 if failed else 0
 

@@ -1,4 +1,5 @@
-"""The markdown of bench/serving.py's results: one table per task (every configuration, every cell), the goals."""
+"""The markdown of bench/serving/serving.py's results: one table per task (every configuration, every cell), the
+goals."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ behind the runners' `StepCost` constants (`elasticbert.layer_runner.EAGER_CPU_ST
    as one step (no split) and as the cheapest steps for several `call_tokens`, interleaved rounds: inputs/s and the
    share of padded tokens, side by side.
 
-    .venv/bin/python bench/serving_steps.py --model SST-2=RUN/best --export DIR/ee_onnx --threshold 0.56
+    .venv/bin/python bench/serving/serving_steps.py --model SST-2=RUN/best --export DIR/ee_onnx --threshold 0.56
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
 
+from bench.harness import GLUE_DIR  # noqa: E402
 from elasticbert.exit_setting import EarlyExitSetting  # noqa: E402
 from elasticbert.precision import for_inference  # noqa: E402
-from experiments.common import GLUE_DIR  # noqa: E402
 from finetune.data import load_tokenizer  # noqa: E402
 from finetune.model import load_finetuned  # noqa: E402
 from finetune.serve.inputs import TextInput  # noqa: E402
