@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
 
 from bench.gpu import queued_gpu  # noqa: E402
-from bench.harness import write_result  # noqa: E402
+from bench.harness import bert_size, write_result  # noqa: E402
 from elasticbert import ElasticBertConfig, ElasticBertForPreTraining, exit_groups  # noqa: E402
 from elasticbert.flops import training_flops_per_token  # noqa: E402
 from pretrain.model_setup import compile_model  # noqa: E402
@@ -83,14 +83,7 @@ def pretrain_step(device: str, seq: int, groups: int, quick: bool, compiled: boo
     """Tokens/s and MFU of the training step at one (seq, G), fused AdamW, autocast as the trainer uses it;
     `compiled`: after `train.compile`'s `compile_model` (the warm-up steps compile every group)."""
     hidden, layers, heads, batch = (64, 4, 2, 4) if quick else (768, 12, 12, 32 if seq == 128 else 8)
-    cfg = ElasticBertConfig(
-        vocab_size=30522,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=4 * hidden,
-        max_position_embeddings=512,
-    )
+    cfg = ElasticBertConfig(**bert_size(hidden, layers, heads), max_position_embeddings=512)
     torch.manual_seed(0)
     model = ElasticBertForPreTraining(cfg).to(device).train()
     if compiled:

@@ -25,6 +25,8 @@ from collections.abc import Callable
 
 import torch
 
+from bench.harness import bert_size
+
 THRESHOLDS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.4)
 
 
@@ -41,11 +43,7 @@ def bench_classifier(device: str, quick: bool, n: int | None = None) -> tuple:
     hidden, layers, heads, default_n = (64, 6, 2, 48) if quick else (768, 6, 12, 512)
     n = n or default_n
     config = ElasticBertConfig(
-        vocab_size=30522,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=4 * hidden,
+        **bert_size(hidden, layers, heads),
         num_labels=2,
         exit_layers=list(range(1, layers + 1)),
         exit_type="mha",
