@@ -36,7 +36,7 @@ demo: $(STAMP)
 	$(PY) -m demo $(DEMO_ARGS)
 
 bench: $(STAMP)
-	$(PY) bench/model_step.py
+	$(PY) bench/pretrain/model_step.py
 
 # The documentation site (mkdocs.yml, docs/) into site/, strict: a broken link or anchor, or a page left out of the
 # nav, fails the build (tests/test_docs.py runs the same check in `make test`).

@@ -24,15 +24,15 @@ setup(
         "tqdm",
     ],
     extras_require={
-        # rensa: MinHash signatures of `data_prep dedup` (bench/dedup_libraries.py: why rensa)
+        # rensa: MinHash signatures of `data_prep dedup` (bench/data/dedup_libraries.py: why rensa)
         "train": ["deepspeed", "tensorboard", "datasets", "sentencepiece", "zstandard", "blingfire", "rensa"],
         "eval": ["scikit-learn", "scipy", "matplotlib"],
         # serving an early-exit model on ONNX Runtime (`predict --runtime onnxruntime`, `finetune.serve.onnx_runtime`)
         "serve": ["onnxruntime"],
         # writing one (`finetune export --format onnx`): the exporter's graphs (onnx) and int8 (onnxruntime)
         "export": ["onnxruntime", "onnx"],
-        # bench/serving.py's comparison: ONNX Runtime (fp32 and int8) as a user would deploy instead
-        "bench": ["onnxruntime", "onnx", "datasketch"],  # datasketch: bench/dedup_libraries.py's comparison
+        # bench/serving/serving.py's comparison: ONNX Runtime (fp32 and int8) as a user would deploy instead
+        "bench": ["onnxruntime", "onnx", "datasketch"],  # datasketch: bench/data/dedup_libraries.py's comparison
         "dev": [
             "deepspeed",
             "tensorboard",

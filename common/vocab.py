@@ -21,7 +21,7 @@ from .io import read_object
 
 # The [UNK] share of all tokens above which `tokenize` and `finalize` refuse a corpus (`--max-unk-fraction`),
 # `pretrain` too (it reads `totals.unk_tokens` / `totals.tokens` of manifest.json), and `finetune train` / `predict`.
-# Measured by bench/unk_rates.py on ../shared/data/corpus (104 English Gutenberg books = 15.6 M tokens, 1 Spanish
+# Measured by bench/data/unk_rates.py on ../shared/data/corpus (104 English Gutenberg books = 15.6 M tokens, 1 Spanish
 # book, WikiText-2 test), documents read as `tokenize` reads them; [UNK] share of all tokens (per-book range):
 #   bert-base-uncased (matching)             0.0016 % Gutenberg (books 0-0.12 %), 0.011 % WikiText, 0 % Spanish
 #   the same vocab with lower-casing off     8.9 % Gutenberg (books 2.7-55 %), 16 % WikiText

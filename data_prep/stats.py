@@ -3,7 +3,7 @@
 
 Why a guard on the [UNK] rate: a vocabulary that does not fit the text (a 3-word vocab, an uncased vocab with
 lower-casing off, another script) still tokenizes "successfully", and pre-training then spends its compute on a
-corpus of [UNK]s. The default threshold is measured (bench/unk_rates.py; figures beside
+corpus of [UNK]s. The default threshold is measured (bench/data/unk_rates.py; figures beside
 `DEFAULT_MAX_UNK_FRACTION`).
 """
 

@@ -42,7 +42,7 @@ from .util import canonical_json
 log = logging.getLogger("data_prep")
 
 # characters of text per tokenizer call: its encodings (~35 bytes per char) are most of a worker's memory; 256 K
-# costs no measurable speed against 1 M and lowers the peak by 20 MB (bench/prep_scale.py)
+# costs no measurable speed against 1 M and lowers the peak by 20 MB (bench/data/prep_scale.py)
 BATCH_CHARS = 1 << 18
 
 ProgressFn = Callable[[int, int, int, int], None]  # (bytes read, documents, tokens, [UNK] tokens) since the last call
@@ -289,7 +289,7 @@ def _worker_run(u: int) -> dict[str, Any]:
 
 def release_freed_memory() -> None:
     """Give the heap a unit freed back to the OS, so that a long-lived worker's RSS stays one unit's: without it a
-    worker crept from 86 to 100 MB over 1 -> 8 units (glibc keeps freed arenas; bench/prep_scale.py). Linux/glibc
+    worker crept from 86 to 100 MB over 1 -> 8 units (glibc keeps freed arenas; bench/data/prep_scale.py). Linux/glibc
     only; elsewhere a no-op."""
     gc.collect()
     if _LIBC is not None:

@@ -44,9 +44,10 @@ class StepCost:
     max_tokens: int
 
 
-# Eager torch on a CPU (one thread, MiniLM-size layers; bench/serving_steps.py, docs/results/serving_steps/): a step
-# costs ~0.8 ms of Python and dispatch besides ~27 us per token in fp32, ~14 in dynamic int8 (31 and 54 tokens' worth);
-# the SST-2 stream at batch 32 is fastest at 14-56 (1.39x / 1.35x one step per call); past ~512 tokens a step slows.
+# Eager torch on a CPU (one thread, MiniLM-size layers; bench/serving/serving_steps.py, docs/results/serving_steps/): a
+# step costs ~0.8 ms of Python and dispatch besides ~27 us per token in fp32, ~14 in dynamic int8 (31 and 54 tokens'
+# worth); the SST-2 stream at batch 32 is fastest at 14-56 (1.39x / 1.35x one step per call); past ~512 tokens a step
+# slows.
 EAGER_CPU_STEP = StepCost(call_tokens=32, max_tokens=512)
 
 
@@ -220,7 +221,7 @@ class _StaticStep:
             cut.representation, cut.logits = out.representation[:rows].clone(), out.logits[:rows].clone()
         return cut
 
-    def _capture(self) -> None:  # a CUDA device (bench/gpu_bench.py; CI: tests/support/fake_cuda.py's stubs)
+    def _capture(self) -> None:  # a CUDA device (bench/gpu/gpu_bench.py; CI: tests/support/fake_cuda.py's stubs)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

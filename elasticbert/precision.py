@@ -16,7 +16,7 @@ point 64), as torch's dynamic quantization does on these engines: a CPU without 
 16 bits, where 8-bit activations could saturate. Query, key and value read one input: one product of their three
 weights side by side (`PerTokenInt8Linear.fused`), split after. On another engine (ARM's qnnpack, onednn), the
 product is `torch._int_mm` on symmetric 8-bit tokens - the same per-token rule, slower at large batches. Cost
-against `quantize_dynamic` (bench/int8_eager_per_token.py, docs/reliability_vi_data.md): see the figures there.
+against `quantize_dynamic` (bench/serving/int8_eager_per_token.py, docs/reliability_vi_data.md): see the figures there.
 
 Per-channel weight scales, because BERT's FFN output projections have outlier weights (max/std ≈ 175 in MiniLM's
 first layer): with one scale per tensor, a fine-tuned SST-2 model lost up to 2.2 points at its exits; per channel,

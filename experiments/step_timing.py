@@ -2,7 +2,7 @@
 
 On a machine shared with other jobs, whole-run wall times are not comparable; ratios measured here are: each round
 runs one full group cycle of every variant on the same real batches, so load drift hits all of them alike, and the
-fastest round is kept (other processes only ever add time), as `bench/pretrain_step.py` does. Both wall and CPU
+fastest round is kept (other processes only ever add time), as `bench/pretrain/pretrain_step.py` does. Both wall and CPU
 (process) time are recorded.
 
 Variants: G=2 (exit groups alternate), G=1 (every exit every step), last layer only (one MLM + SOP head), and the

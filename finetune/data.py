@@ -226,8 +226,8 @@ class _BackendEncoder:
 
     Why: the `transformers` call re-checks and re-sets the backend's truncation and padding and builds a
     `BatchEncoding` on every call, ~0.3 ms per call on this machine, which a request of one input served by the
-    early-exit engine in ~3 ms notices (bench/serving.py); the backend itself tokenises a sentence in ~60 µs. Same
-    ids, masks and segment ids as the call (tested on GLUE dev sets and on RoBERTa's byte-level BPE)."""
+    early-exit engine in ~3 ms notices (bench/serving/serving.py); the backend itself tokenises a sentence in ~60 µs.
+    Same ids, masks and segment ids as the call (tested on GLUE dev sets and on RoBERTa's byte-level BPE)."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, max_length: int) -> None:
         from tokenizers import Tokenizer

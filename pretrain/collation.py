@@ -21,7 +21,7 @@ IGNORE_INDEX = -100  # the MLM label of a token that is not a target (cross-entr
 # A micro-batch is packed only when that removes at least this share of its padded tokens (at 32 samples: one row);
 # otherwise it keeps one sample per padded row (the same losses). Why: attention over packed rows takes a
 # [rows, 1, T, T] mask, read for every head, where padded rows take a [rows, 1, 1, T] one: on CPU, hidden 768, seq
-# 512, the same 32 x 512 batch stepped as 32 packed rows took 1.01x the padded step (bench/packing.py, "the
+# 512, the same 32 x 512 batch stepped as 32 packed rows took 1.01x the padded step (bench/pretrain/packing.py, "the
 # block-diagonal mask alone"); a packed micro-batch that saves nothing would pay that for nothing.
 PACKING_MIN_SAVING = 0.02
 
@@ -67,8 +67,8 @@ def pack_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     Samples are taken longest first (a counting sort over the `capacity + 1` possible lengths, ties in batch order);
     each goes into the open row whose room left is the smallest that fits it (`bisect` over the sorted rooms), or
     opens a new row. Deterministic (a pure function of the lengths), O(n log n + capacity) for n samples: 30-140 µs
-    for a micro-batch of 32 here (bench/packing.py). Within a row the samples keep their batch order. Returns the
-    rows as lists of sample indices, in the order they were opened."""
+    for a micro-batch of 32 here (bench/pretrain/packing.py). Within a row the samples keep their batch order. Returns
+    the rows as lists of sample indices, in the order they were opened."""
     by_length: list[list[int]] = [[] for _ in range(capacity + 1)]
     for i, n in enumerate(lengths):
         if not 0 < n <= capacity:
@@ -104,8 +104,8 @@ def row_plan(lengths: Sequence[int], capacity: int, multiple: int = 8) -> tuple[
     Why not best fit into rows of `capacity` alone: it fills every row but the last one or two, and at 32 samples a
     part-filled row of 512 is several points of padding, where the same samples balanced over as many rows make every
     row a little shorter (WikiText-2, seq 512, micro-batches of 32: 7.1 % padding in best-fit rows of 512, 1.6 %
-    balanced; bench/packing.py). Every sample still sits whole in one row with its own positions, so nothing a step
-    computes changes. Deterministic (a pure function of the lengths); ~0.7 ms per micro-batch of 32 at 512, in the
+    balanced; bench/pretrain/packing.py). Every sample still sits whole in one row with its own positions, so nothing a
+    step computes changes. Deterministic (a pure function of the lengths); ~0.7 ms per micro-batch of 32 at 512, in the
     DataLoader's workers. Rows come back with their samples in batch order."""
     total = sum(lengths)
     fewest = -(-total // capacity)

@@ -41,7 +41,7 @@ INPUT_SETTINGS = ("doc_boundary", "strip_gutenberg", "on_decode_error", "text_fi
 class DedupConfig:
     """Settings that change which documents are kept and what they contain (all recorded in the report and hashed).
 
-    Defaults (chosen from docs/dedup/quality.md, `bench/dedup_quality.py`): 3-word shingles, 14 bands x 8 rows (112
+    Defaults (chosen from docs/dedup/quality.md, `bench/data/dedup_quality.py`): 3-word shingles, 14 bands x 8 rows (112
     signature values, as FineWeb's 5-word 14 x 8): of the settings whose chance candidates stay under 1e-3 per
     document at 160 GB (6.8e-4 here, FineWeb's 5.9e-4; 16 x 7 would make 3.9e-3, 20 x 5 0.18), the one that finds
     most copies with 5 % of the words changed (0.81, FineWeb's 0.30; 10 %: 0.18 vs 0.007), with every 1 % copy,

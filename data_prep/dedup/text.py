@@ -12,12 +12,12 @@ are folds of consecutive word hashes (`fold_windows`), and the signature is rens
 Python boundary is crossed per batch, not per shingle). Why rensa: on the same documents and shingles its MinHash
 step runs at 130 MB/s of text against datasketch's 1.8-2.5 MB/s (52-72x), with the same agreement with the exact
 Jaccard (mean error 0.0225 vs 0.0238-0.0245); datatrove's signature block brings its own readers and normaliser and
-did not run with its declared dependencies (it asked for regex, tokenizers, then spacy) (`bench/dedup_libraries.py`,
-`docs/dedup/libraries.md`). The LSH index is not a library's: datasketch's and rensa's hold every band in RAM (4.6
-KB and 0.7 KB per document measured: 1.8 TB and 270 GB at 400 M documents); `data_prep.dedup.lsh` groups equal band
-keys by sorting them on disk, one key range at a time. A band key is the 64-bit fold of the band's `rows` signature
-values: two documents are LSH candidates when some band's keys are equal (a false key collision between two
-unrelated bands has probability 2^-64 per pair and band).
+did not run with its declared dependencies (it asked for regex, tokenizers, then spacy)
+(`bench/data/dedup_libraries.py`, `docs/dedup/libraries.md`). The LSH index is not a library's: datasketch's and rensa's
+hold every band in RAM (4.6 KB and 0.7 KB per document measured: 1.8 TB and 270 GB at 400 M documents);
+`data_prep.dedup.lsh` groups equal band keys by sorting them on disk, one key range at a time. A band key is the 64-bit
+fold of the band's `rows` signature values: two documents are LSH candidates when some band's keys are equal (a false
+key collision between two unrelated bands has probability 2^-64 per pair and band).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ torch engine counts. Each step is written twice: fp32, and int8 (`per_token_int8
 per-channel symmetric int8 weights; activations quantized per call with one scale per token, so an input's result
 does not depend on the inputs batched with it — `onnxruntime.quantization.quantize_dynamic`'s one scale per tensor
 made the serving bench's thresholds move with the batching; per token costs 8-10 % per layer,
-bench/int8_batch_invariance.py). Embeddings and exit heads stay fp32 at both precisions, as in torch's int8 (the
+bench/serving/int8_batch_invariance.py). Embeddings and exit heads stay fp32 at both precisions, as in torch's int8 (the
 heads are ~1 % of the FLOPs and where the exit decisions are made). The traced pieces are joined into steps by
 `onnx_graphs`; the word-embedding table, the bulk of a small model, is stored once (`onnx/word_embeddings.bin`,
 external data both first steps read).

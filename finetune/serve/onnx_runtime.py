@@ -88,8 +88,8 @@ def _steps(directory: Path, manifest: dict, precision: str) -> tuple[list[str], 
 
 
 PARALLEL_MIN_TOKENS = 256  # rows x padded length from which a layer runs on `threads` threads (see OnnxLayers)
-# One thread, MiniLM-size steps (bench/serving_steps.py, docs/results/serving_steps/): a session run costs ~0.2 ms
-# besides ~12 us per token in int8 (17 tokens' worth); the SST-2 stream at batch 32 is fastest at 8-28 (1.77x one
+# One thread, MiniLM-size steps (bench/serving/serving_steps.py, docs/results/serving_steps/): a session run costs ~0.2
+# ms besides ~12 us per token in int8 (17 tokens' worth); the SST-2 stream at batch 32 is fastest at 8-28 (1.77x one
 # step per call in int8, 1.66-1.78x in fp32); past ~512 tokens a step slows per token (1.18-1.47x the fit at 1,024+).
 ONNX_STEP_COST = StepCost(call_tokens=16, max_tokens=512)
 

@@ -1,4 +1,4 @@
-"""bench/gpu_check.sh runs end to end (CPU smoke mode, toy sizes, `--fast`: what a lent GPU runs first): the GPU
+"""bench/gpu/gpu_check.sh runs end to end (CPU smoke mode, toy sizes, `--fast`: what a lent GPU runs first): the GPU
 tests, the trainer-vs-model bench and the report, which ends with the one table of checks."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = str(REPO / "bench" / "gpu_check.sh")
+SCRIPT = str(REPO / "bench" / "gpu" / "gpu_check.sh")
 
 
 def test_gpu_check_fast_runs_on_the_cpu_and_ends_with_the_table(tmp_path):

@@ -2,8 +2,8 @@
 answers (label, exit layer, FLOPs equal; probabilities within 1e-5 in fp32; int8 equal to the engine on the per-token
 int8 pieces, and the same in a batch as alone), the file is sealed and self-describing, its thresholds are inputs
 with the saved values as defaults, each layer's weights live in the branch that runs it, and our own classifier
-serves it at batch 1 with the queues' answers. The same check on 400+ real dev rows per task: bench/serving_one_file.py
-(docs/onnx_single_file.md)."""
+serves it at batch 1 with the queues' answers. The same check on 400+ real dev rows per task:
+bench/serving/serving_one_file.py (docs/onnx_single_file.md)."""
 
 from __future__ import annotations
 

@@ -79,7 +79,7 @@ def test_int8_engine_equals_its_per_layer_reference(kind, classifier, mha_classi
 def test_int8_stays_close_to_fp32(classifier, sst2_dev):
     """Every layer's token states (MiniLM's real weights) point where fp32's do: cosine >= 0.95 per token on average
     (per-tensor weight scales fall to ~0.92 by the last layer). The fixture's spread heads amplify differences ~1e3 on
-    purpose, so logits are not the measure here; bench/serving.py measures accuracy on fine-tuned models."""
+    purpose, so logits are not the measure here; bench/serving/serving.py measures accuracy on fine-tuned models."""
     int8 = for_inference(classifier, "int8")
     batch = dict(attention_mask=sst2_dev.attention_mask, token_type_ids=sst2_dev.token_type_ids)
     with torch.inference_mode():

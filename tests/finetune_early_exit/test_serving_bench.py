@@ -1,6 +1,6 @@
-"""bench/serving.py end to end at smoke size on the fixture's saved model: every configuration (the full model on
-each runtime, early exit queued on each, per batch, the pipeline) classifies the rows, and the table, the ratios to
-each runtime's full model and the goals are written; bench/queued_gpu.py (gpu_bench's early-exit queues) at toy size
+"""bench/serving/serving.py end to end at smoke size on the fixture's saved model: every configuration (the full model
+on each runtime, early exit queued on each, per batch, the pipeline) classifies the rows, and the table, the ratios to
+each runtime's full model and the goals are written; bench/gpu/queued_gpu.py (gpu_bench's early-exit queues) at toy size
 on the CPU."""
 
 import json
@@ -10,7 +10,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from bench import int8_batch_invariance, queued_gpu, serving  # noqa: E402
+from bench.gpu import queued_gpu  # noqa: E402
+from bench.serving import int8_batch_invariance, serving  # noqa: E402
 
 
 def test_serving_bench_smoke(saved_model, tmp_path):

@@ -1,5 +1,5 @@
-"""GPU checks (`pytest -m gpu tests/gpu`, run by bench/gpu_check.sh). They run on the CUDA device, or on the CPU when
-EB_CHECK_DEVICE=cpu (the script's --cpu smoke mode, which CI runs); otherwise they skip. Excluded from the default
+"""GPU checks (`pytest -m gpu tests/gpu`, run by bench/gpu/gpu_check.sh). They run on the CUDA device, or on the CPU
+when EB_CHECK_DEVICE=cpu (the script's --cpu smoke mode, which CI runs); otherwise they skip. Excluded from the default
 `make test` run by the `gpu` marker (pyproject.toml addopts). `gpu_full` marks what only `gpu_check.sh --full` runs
 (`--fast` deselects it: `-m "gpu and not gpu_full"`)."""
 
@@ -17,7 +17,7 @@ sys.path.insert(0, str(REPO))
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "gpu_full: a GPU check only bench/gpu_check.sh --full runs (the slow ones)")
+    config.addinivalue_line("markers", "gpu_full: a GPU check only bench/gpu/gpu_check.sh --full runs (the slow ones)")
 
 
 def check_device() -> str:
@@ -35,8 +35,9 @@ def device() -> str:
 @pytest.fixture(scope="session")
 def synthetic_corpus(tmp_path_factory) -> Path:
     """A prepared corpus made here (no ../shared, no MiniLM package on a GPU box), through data_prep itself
-    (`bench.trainer_overhead.synthetic_corpus`); EB_CHECK_CORPUS names one bench/gpu_check.sh already made."""
-    from bench.trainer_overhead import synthetic_corpus
+    (`bench.pretrain.trainer_overhead.synthetic_corpus`); EB_CHECK_CORPUS names one bench/gpu/gpu_check.sh already
+    made."""
+    from bench.pretrain.trainer_overhead import synthetic_corpus
 
     made = os.environ.get("EB_CHECK_CORPUS")
     if made and (Path(made) / "manifest.json").is_file():

@@ -1,6 +1,6 @@
-"""First contact with a GPU node (bench/gpu_check.sh runs this file first): the per-node preflight passes and reports
-the GPUs, the build and the precision; with --full, DeepSpeed's FusedAdam is built by the preflight for this GPU's own
-arch (or refused in one line) and takes the default optimizer's step (torch's fused AdamW), and attention runs
+"""First contact with a GPU node (bench/gpu/gpu_check.sh runs this file first): the per-node preflight passes and
+reports the GPUs, the build and the precision; with --full, DeepSpeed's FusedAdam is built by the preflight for this
+GPU's own arch (or refused in one line) and takes the default optimizer's step (torch's fused AdamW), and attention runs
 without FlashAttention, as on a V100 (sm_70 has SDPA's memory-efficient kernel, not flash), in fp16."""
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from pretrain.mfu import peak_flops
 from pretrain.precision import DeviceCaps, choose_precision
 
 sys.path.insert(0, str(REPO))
-from bench.trainer_overhead import synthetic_corpus  # noqa: E402
+from bench.pretrain.trainer_overhead import synthetic_corpus  # noqa: E402
 
 KINDS = sorted(GPUS)
 AUTO = {"v100": "fp16", "a100": "bf16", "h200": "bf16"}

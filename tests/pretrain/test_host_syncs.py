@@ -1,7 +1,7 @@
 """The trainer's optimizer step makes ONE host sync of its own (the read of the reduced step sums), counted here on
-the CPU with the real Trainer and DeepSpeed engine (`bench/host_syncs.py`: every `.item()`, `float()`, `bool()`,
-`.tolist()`, `.cpu()`, `.numpy()` and device synchronize, with the frame that made it). On a GPU each such read stops
-the host from queuing the next kernels while the device works; a CPU hides the cost, not the calls.
+the CPU with the real Trainer and DeepSpeed engine (`bench/pretrain/host_syncs.py`: every `.item()`, `float()`,
+`bool()`, `.tolist()`, `.cpu()`, `.numpy()` and device synchronize, with the frame that made it). On a GPU each such
+read stops the host from queuing the next kernels while the device works; a CPU hides the cost, not the calls.
 
 And every guard still works through that one read: a NaN loss or an infinite gradient norm stops the run at that
 very step, a preemption vote saves and exits at the step boundary, and the step records are all written."""
@@ -23,8 +23,8 @@ from pretrain.guards import TrainingDiverged
 from pretrain.trainer import Trainer
 
 sys.path.insert(0, str(REPO))
-from bench.host_syncs import count_host_syncs  # noqa: E402
-from bench.trainer_overhead import synthetic_corpus  # noqa: E402
+from bench.pretrain.host_syncs import count_host_syncs  # noqa: E402
+from bench.pretrain.trainer_overhead import synthetic_corpus  # noqa: E402
 
 # what DeepSpeed 0.19.8's ZeRO-1 step still reads on the host with our config (docs/gpu.md): the validity of
 # the gradient norm before clipping, once per parameter group (2: decay / no decay), plus, in fp32, once before the

@@ -120,7 +120,7 @@ def preempt(cluster, job_id: str) -> None:
 
 # ---- the job at the users' rank count: partition `scale` (ebnode1..8 of local_cluster.sh, 8 "CPUs" and 8 fake GPUs
 # each), the unchanged slurm/pretrain_base.sh, a tiny model by --set. Used by test_slurm_scale.py and
-# bench/slurm_scale.py (no pytest in this part).
+# bench/pretrain/slurm_scale.py (no pytest in this part).
 SCALE_PARTITION = "scale"
 SCALE_NODES = 8
 SCALE_STEPS = 12  # checkpoints at 4, 8, 12

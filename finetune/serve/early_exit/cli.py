@@ -41,8 +41,8 @@ from .sweep import (
 DESCRIPTION = (
     "Run dynamic early exit over a GLUE/ELUE split for one or more strategies and thresholds; write JSON (+ per-sample "
     "TSVs) and a Pareto PNG. Speed-ups are against the full model's own forward on the same batches. Wall times here "
-    "are single passes (--repeats to repeat); on a shared machine use bench/early_exit.py, which pairs reference and "
-    "early exit batch by batch, for the wall/FLOPs ratio."
+    "are single passes (--repeats to repeat); on a shared machine use bench/serving/early_exit.py, which pairs "
+    "reference and early exit batch by batch, for the wall/FLOPs ratio."
 )
 
 

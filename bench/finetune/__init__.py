@@ -1,0 +1,1 @@
+"""Benchmarks of fine-tuning: the step per method, ACL (docs/benches.md)."""
