@@ -7,7 +7,7 @@ batches. Timing is paired per batch: each batch runs both back to back, `--round
 first, and the minimum per (batch, model) is summed (a shared machine's load changes over seconds). FLOPs are the
 ELUE counter's (`elasticbert.flops`: per token and per layer for HashEE). Goal: wall ÷ FLOPs >= 0.8 at batch 32.
 
-    .venv/bin/python bench/hashee.py --model SST-2=RUN1/best --model MRPC=RUN2/best --rounds 3
+    .venv/bin/python bench/serving/hashee.py --model SST-2=RUN1/best --model MRPC=RUN2/best --rounds 3
 
 The full model's and HashEE's predictions are checked against each other's FLOPs bookkeeping, and HashEE's logits
 against a batch-1 pass (a row's answer must not depend on its batch).
@@ -16,16 +16,15 @@ against a batch-1 pass (a row's answer must not depend on its batch).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: bench.harness and the packages
 
+from bench.harness import load_average, write_result  # noqa: E402
 from common.cli import add_data_dir  # noqa: E402
 from elasticbert import ElasticBertConfig, ElasticBertForSequenceClassification  # noqa: E402
 from elasticbert.flops import sample_flops, token_exit_flops  # noqa: E402
@@ -111,7 +110,7 @@ def main() -> None:
     results = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "threads": args.threads,
-        "load_average_before": os.getloadavg(),
+        "load_average_before": load_average(),
         "models": [],
     }
     for item in args.model:
@@ -125,10 +124,9 @@ def main() -> None:
                 f"{r['wall_speedup']:.2f}x, FLOPs {r['flops_speedup']:.2f}x, wall/FLOPs {r['wall_over_flops']:.3f}",
                 flush=True,
             )
-    results["load_average_after"] = os.getloadavg()
+    results["load_average_after"] = load_average()
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+        write_result(Path(args.output), results)
 
 
 if __name__ == "__main__":
