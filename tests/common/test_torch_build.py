@@ -221,7 +221,7 @@ def test_the_fallback_pins_pick_the_right_wheel_from_a_mirror(tmp_path):
     fake_wheel(tmp_path, "2.13.0+cpu")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")} | {"PIP_CONFIG_FILE": os.devnull}
     pip = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--find-links", str(tmp_path)]
-    pip += ["--quiet", "--report", "-"]
+    pip += ["--ignore-installed", "--quiet", "--report", "-"]
     pin = BUILDS["cpu"].pip_command(index=None)[-1]
     out = subprocess.run([*pip, pin], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
