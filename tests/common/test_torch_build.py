@@ -200,7 +200,7 @@ def test_a_silent_wheel_index_is_given_up_after_the_timeout():
         url = f"http://127.0.0.1:{silent.getsockname()[1]}/whl/cpu/torch/"
         started = time.monotonic()
         problem = probe_index(url, timeout=0.5)
-        assert problem is not None and time.monotonic() - started < 2.5, problem
+        assert problem is not None and time.monotonic() - started < 5, problem  # pip: 5 retries, minutes
     choice = choose_index(BUILDS["cu130"], env={}, probe=lambda url: None if url == f"{INDEX}/cu130/torch/" else "?")
     assert choice.index == INDEX and choice.note is None
 
