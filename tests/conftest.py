@@ -20,6 +20,14 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "support"))
+# On a pytest-xdist worker (`make test`), torch and its subprocesses take one thread each, unless OMP_NUM_THREADS says
+# otherwise: two workers of torch's default two OpenMP threads are four threads on two cores, and an op whose thread
+# team waits for a descheduled thread stalls (the 30-step fine-tuning run of tests/support/finetune_preemption.py, two
+# copies side by side on this loaded box: 43.5 s and 13.7 CPU-s on one thread, 108.8 s and 46.2 CPU-s on two; see
+# docs/test_time.md). Set before anything imports torch; every process of a test inherits it, so a reference computed
+# in-process and a run in a subprocess still use the same thread count (their sums depend on it).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The venv's tools first (its ninja, not Debian's: the two discard each other's build log, so DeepSpeed's CPU ops
 # would be rebuilt whenever a run inside Slurm follows one outside it, or the other way round).
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
