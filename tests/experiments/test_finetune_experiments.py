@@ -41,6 +41,7 @@ def ladder(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_acl_ladder_smoke(ladder):
     out = ladder / "out"
     results = json.loads((out / "results.json").read_text())
@@ -83,6 +84,7 @@ def test_acl_ladder_smoke(ladder):
     assert rerun["summary"]["table"] == results["summary"]["table"]
 
 
+@pytest.mark.slow
 def test_early_exit_pareto_smoke(ladder, tmp_path):
     run_script(
         "early_exit_pareto.py",
@@ -112,6 +114,7 @@ def lambda_work(tmp_path_factory):
     return tmp_path_factory.mktemp("acl_lambda") / "work"
 
 
+@pytest.mark.slow
 def test_acl_lambda_grid_smoke(tmp_path, lambda_work):
     """The λ grid's first arms at smoke size: each arm passes its λ and reduction to the trainer, the table pairs it
     with the baseline per seed, and partial results are on disk after every run."""
@@ -131,6 +134,7 @@ def test_acl_lambda_grid_smoke(tmp_path, lambda_work):
     assert results["verdict"].count("not run") == 2  # one λ per objective: no sensitivity verdict is claimed
 
 
+@pytest.mark.slow
 def test_acl_lambda_exit_lr_smoke(tmp_path, lambda_work):
     """`--phase exit-lr`: the arms at `--exit-lr same` pass it to the trainer and are paired with the baseline at the
     same exit learning rate, not with the default one."""
