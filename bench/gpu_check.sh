@@ -5,7 +5,8 @@
 #           ElasticBERT-base size (seq 128, micro-batch 32, accumulation 2) -> resume through the CLI, equal to an
 #           uninterrupted run (all runs launched at once); the export loads; early exit agrees between CPU and GPU;
 #           the trainer's optimizer step against the bare model step (bench/trainer_overhead.py, bf16: the ratio,
-#           host syncs per step from CUDA's sync debug mode, MFU).
+#           host syncs per step from CUDA's sync debug mode, MFU); the one-file ONNX early-exit model on ONNX Runtime's
+#           CUDA provider (bench/serving_cuda.py: answers equal the CPU provider's, wall ÷ FLOPs vs the full file).
 #   --full  (the default, ≤ 4 min): the same, plus the compiled bf16 train -> resume, DeepSpeed's FusedAdam built
 #           by the preflight for this GPU's arch (started in the background first) against torch's fused AdamW,
 #           fp16 attention without flash, the overhead bench in fp16 too, and bench/gpu_bench.py (the model step's
@@ -33,8 +34,8 @@ for arg in "$@"; do
   esac
 done
 cd "$(dirname "$0")/.." || exit 2
-PARTS="corpus tests overhead report"
-[ "$MODE" = full ] && PARTS="corpus fused-adam-build tests overhead model-bench report"
+PARTS="corpus tests overhead onnx-cuda report"
+[ "$MODE" = full ] && PARTS="corpus fused-adam-build tests overhead onnx-cuda model-bench report"
 if [ "$LIST" = 1 ]; then
   echo "gpu_check $MODE on $DEVICE: $PARTS"
   exit 0
@@ -48,6 +49,7 @@ if [ "$DEVICE" = cpu ]; then
   export EB_CHECK_DEVICE=cpu DS_ACCELERATOR=cpu OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
   OVERHEAD=(--sizes tiny --precisions bf16 --quick --device cpu --micro-batch 4 --seq 64)
   BENCH=(--device cpu --quick)
+  ONNX_CUDA=(--device cpu --quick)
 else
   PY=${PYTHON:-python3}
   unset EB_CHECK_DEVICE
@@ -55,6 +57,7 @@ else
   OVERHEAD=(--sizes base --precisions bf16 --device cuda --steps 6)
   [ "$MODE" = full ] && OVERHEAD=(--sizes base --precisions bf16 fp16 --device cuda --steps 8)
   BENCH=(--device cuda)
+  ONNX_CUDA=(--device cuda)
   if [ -d .gpu_wheels ]; then
     "$PY" -m pip install -q --no-index --find-links .gpu_wheels -r .gpu_wheels/requirements.txt 2>&1 | tail -n 3
   fi
@@ -87,6 +90,9 @@ MARK="gpu and not gpu_full"
 part tests "$PY" -m pytest -q -s -p no:cacheprovider -m "$MARK" tests/gpu/test_first_contact.py tests/gpu/test_gpu.py \
   --junitxml "$OUT/gpu_tests.xml"
 part overhead "$PY" bench/trainer_overhead.py "${OVERHEAD[@]}" --data "$EB_CHECK_CORPUS" --output "$OUT"
+# the one-file early-exit model (issue 60) on ONNX Runtime's CUDA provider: answers equal the CPU's, speed vs the full
+# file (bench/serving_cuda.py; needs onnxruntime-gpu on the box, else it reports "skipped")
+part onnx-cuda "$PY" bench/serving_cuda.py "${ONNX_CUDA[@]}" --output "$OUT"
 PARTS_ARG=(--parts)
 if [ "$MODE" = full ]; then
   PARTS_ARG=(--parts model early_exit)

@@ -4,7 +4,7 @@
 Why it exists: per-token int8 (`finetune/serve/onnx_export.py`) makes an input's answer independent of its batch but
 costs 1.2-1.4x per layer against `quantize_dynamic`, whose one scale per tensor moves answers with the batch. Fixed
 (calibrated) activation scales are batch-invariant too; this probe measures whether they are the cheaper way (answer,
-2026-12-04: no — README, "Deploying"). One thread everywhere.
+2026-12-04: no — docs/serving.md). One thread everywhere.
 
     python bench/int8_static_probe.py build TASK --export SST-2=DIR --work-dir W   # quantize the steps
     python bench/int8_static_probe.py eval  TASK ...                                # errors, invariance, accuracy

@@ -1,6 +1,6 @@
 """Batch 1, layer by layer: what each layer (+ its exit) costs in eager torch fp32, eager torch int8, and as its own
 ONNX Runtime session (fp32, int8) — the early-exit engine's unit of work. A prototype measurement for the serving
-path's batch-1 shortfall (README, "Deploying with early exit"); the engine itself runs eager torch.
+path's batch-1 shortfall (docs/serving.md); the engine itself runs eager torch.
 
     .venv/bin/python bench/serving_layers.py --model RUN/best --task SST-2 --examples 200
 

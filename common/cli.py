@@ -1,4 +1,4 @@
-"""The command-line conventions of `python -m data_prep | pretrain | finetune` (written down in the README):
+"""The command-line conventions of `python -m data_prep | pretrain | finetune` (written down in docs/layout.md):
 
 - `--output PATH`: where a command writes (a prepared corpus, a run directory, an export, a report);
 - `--max-examples N`: a seeded subset of the split a command reads (`--max-train-examples`, `--max-dev-examples`,
@@ -11,7 +11,11 @@
   package hands its parser to `dispatch`, which runs `args.func(args)` through `run_command`;
 - a `UserError` prints `PROG: error: MESSAGE` and exits 2 (`run_command`); an OSError, or a library's exception that
   stands for one (`common.errors.os_error_of`: torch.save's "unexpected pos" on a full disk), one line with the path
-  and errno, exit 74; Ctrl-C exits 130; `--debug` (or `ELASTICBERT_DEBUG=1`) shows the traceback instead.
+  and errno, exit 74; Ctrl-C exits 130 (while the command starts too: `common.interrupts`), SIGTERM 143 where the
+  command has no handler of its own, each cleaned up as any failure; `--debug` (or `ELASTICBERT_DEBUG=1`) shows the
+  traceback instead;
+- the command's outputs are claimed while it runs (`common.claims`, by `common.outputs.check_output`) and given back
+  when it ends, however it ends.
 """
 
 from __future__ import annotations
@@ -21,13 +25,23 @@ import atexit
 import dataclasses
 import inspect
 import os
+import shlex
 import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+from . import claims, interrupts
 from .config import field_types, literal_choices, strip_optional
-from .errors import EXIT_INTERRUPTED, EXIT_OS_ERROR, UserError, describe_os_error, os_error_of
+from .errors import (
+    EXIT_INTERRUPTED,
+    EXIT_OS_ERROR,
+    EXIT_TERMINATED,
+    Terminated,
+    UserError,
+    describe_os_error,
+    os_error_of,
+)
 
 
 def add_debug(parser: argparse.ArgumentParser) -> None:
@@ -40,11 +54,15 @@ def add_debug(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run_command(prog: str, func: Callable[[], int | None], debug: bool = False) -> int:
+def run_command(prog: str, func: Callable[[], int | None], debug: bool = False, command: str | None = None) -> int:
     """Run a command's body; map user errors, OS errors (read-only, disk full, permission: exit 74) and Ctrl-C to
-    their exit codes with one line instead of a traceback (`debug` re-raises, for a bug report)."""
+    their exit codes with one line instead of a traceback (`debug` re-raises, for a bug report). The outputs it
+    claims (`common.claims`, recorded as `command`, default the process's command line) are given back when it ends,
+    however it ends."""
+    interrupts.command_started()
     try:
-        return int(func() or 0)
+        with interrupts.terminated_as_exception(), claims.command(prog, command):
+            return int(func() or 0)
     except UserError as err:
         if debug:
             raise
@@ -59,6 +77,9 @@ def run_command(prog: str, func: Callable[[], int | None], debug: bool = False) 
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+    except Terminated:
+        print(f"{prog}: terminated (SIGTERM)", file=sys.stderr, flush=True)
+        return EXIT_TERMINATED
     except Exception as err:  # a library's own words for an OS error (torch.save, safetensors on a full disk)
         mapped = None if debug else os_error_of(err)
         if mapped is None:
@@ -82,7 +103,9 @@ def dispatch(
         return 2
     if prepare is not None:
         prepare(args)
-    return run_command(prog or parser.prog, lambda: args.func(args), debug=args.debug)
+    prog = prog or parser.prog
+    command = None if argv is None else shlex.join([prog, *argv])  # None: the process's own command line
+    return run_command(prog, lambda: args.func(args), debug=args.debug, command=command)
 
 
 def exit_without_teardown(code: int) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .io import read_object
+from .io import path_problem, read_object
 
 AUTO = "auto"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -54,12 +54,13 @@ def resolve_ds_path(path: str | os.PathLike) -> Path:
 def load_ds_json(path: str | os.PathLike) -> DsJson:
     """The DeepSpeed JSON `path` names (`resolve_ds_path`); a missing or malformed file is a ConfigError naming it."""
     p = resolve_ds_path(path)
-    if not p.is_file():
+    if problem := path_problem(p):
         where = f"read from the current directory {Path.cwd()}, else from the repository {REPO_ROOT}, whose "
         where = (
             "" if Path(os.path.expanduser(str(path))).is_absolute() else where + "ds_configs/ holds the shipped ones; "
         )
-        raise ConfigError(f"DeepSpeed config {path} does not exist ({where}--ds-config, train.ds_config)")
+        problem = "does not exist" if problem == "no such file" else problem  # or a folder, not a file
+        raise ConfigError(f"DeepSpeed config {path} {problem} ({where}--ds-config, train.ds_config)")
     return DsJson(read_object(p, ConfigError, "a JSON object", hint=HINT), str(p))
 
 

@@ -1,8 +1,9 @@
 """The one base class of errors a user can fix, and the exit code every command maps it to.
 
-The one table of exit codes (also in the README's conventions): 0 done, 1 `data_prep verify` found problems,
+The one table of exit codes (also in docs/reliability.md): 0 done, 1 `data_prep verify` found problems,
 2 bad input, 3 training diverged, 4 a write failed, 5 another rank of the job died, 74 the operating system refused a
-read or write no command expected (`describe_os_error`), 75 preempted (requeue), 130 interrupted.
+read or write no command expected (`describe_os_error`), 75 preempted (requeue), 130 interrupted (Ctrl-C), 143
+terminated (SIGTERM, where the command has no handler of its own: the trainers checkpoint and exit 75).
 
 Each package raises its own subclasses (`data_prep.DataPrepError`, `elasticbert.CheckpointError`,
 `pretrain.checkpoint.ResumeError`, `finetune.tasks.DataError`, ...) with a message that names the file, line or key
@@ -26,12 +27,19 @@ EXIT_PEER_LOST = 5  # pretrain: a collective failed because another rank is gone
 EXIT_OS_ERROR = 74  # EX_IOERR: the OS refused a read or write (read-only, disk full, no permission, file vs folder)
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: checkpoint written after SIGTERM/SIGUSR1; requeue and rerun the same command
 EXIT_INTERRUPTED = 130  # Ctrl-C
+EXIT_TERMINATED = 143  # SIGTERM (128 + 15) where the command installs no handler of its own: cleaned up, as Ctrl-C
 
 
 class UserError(ValueError):
     """A problem the user can fix; the message says where (file, line, key) and, where it can, how."""
 
     exit_code = EXIT_USER_ERROR
+
+
+class Terminated(BaseException):
+    """SIGTERM reached a command that has no handler of its own (`kill`, `timeout`, a job's end): raised in its main
+    thread like a KeyboardInterrupt, so that it stops the same way - temporaries removed, claims given back - and
+    exits `EXIT_TERMINATED` (`common.interrupts`)."""
 
 
 class ConfigError(UserError):

@@ -88,7 +88,8 @@ def resolve_pretrained(
     local = Path(os.path.expanduser(text))
     if local.exists():
         if not local.is_dir():
-            raise HubError(f"{what} {text}: is a file; pass the directory that holds config.json and the weights")
+            holds = "the tokenizer's files" if "tokenizer" in what else "config.json and the weights"
+            raise HubError(f"{what} {text}: is a file, not a folder; pass the directory that holds {holds}")
         return local
     if not is_hub_id(text):
         raise HubError(f"{what} {text}: no such directory (and not a Hugging Face hub name such as org/model)")

@@ -21,6 +21,7 @@ import glob
 import json
 import os
 import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -38,6 +39,22 @@ def make_dirs(path: str | os.PathLike) -> Path:
         blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(blocker)) from None
     return path
+
+
+def path_problem(path: str | os.PathLike) -> str | None:
+    """Why `path` is not the file a command expects to read, as the phrase of a one-line error `PATH: PHRASE`, or
+    None when it is one: "no such file", "is a folder, not a file", "no such file: PARENT is a file, not a folder"."""
+    path = Path(path)
+    try:
+        is_dir = stat.S_ISDIR(path.stat().st_mode)
+    except NotADirectoryError:
+        blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), path)
+        return f"no such file: {blocker} is a file, not a folder"
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as err:
+        return f"cannot read it ({err.strerror or err})"
+    return "is a folder, not a file" if is_dir else None
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -251,8 +268,8 @@ def read_object(
     tail = f"; {hint}" if hint else ""
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise error(f"{path}: no such file{tail}") from None
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise error(f"{path}: {path_problem(path) or 'no such file'}{tail}") from None
     except UnicodeDecodeError as err:
         raise error(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}){tail}") from None
     except OSError as err:

@@ -11,6 +11,7 @@ and a finder on `sys.meta_path` answers an import of an old name with the module
 module object, so classes, `isinstance` checks and pickles agree — after a `DeprecationWarning` that names the new
 path, attributed to the line that imported the old one. A moved package carries its sub-modules along
 (`finetune.early_exit.rules` → `finetune.serve.early_exit.rules`), never loading a file twice under two names.
+Run as a program (`python -m finetune.predict_cli`), an old name answers with its new one and how commands run now.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import importlib.machinery
 import importlib.util
 import sys
 import warnings
-from types import ModuleType
+from types import CodeType, ModuleType
 
 
 def _caller_stacklevel() -> int:
@@ -73,6 +74,17 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         """Nothing to run: the module was imported (and executed) under its new name."""
+
+    def get_code(self, fullname: str) -> CodeType:
+        """What `python -m OLD` runs (runpy asks the loader for the module's code): one line naming the new module
+        and how its commands run now, exit 2 - never the module run under its old name, nor a traceback."""
+        new = self.new_name(fullname)
+        top = fullname.split(".")[0]
+        message = (
+            f"python -m {fullname}: {fullname} moved to {new} in this version; commands run as "
+            f"`python -m {top} COMMAND` (`python -m {top} --help` lists them)"
+        )
+        return compile(f"import sys\nprint({message!r}, file=sys.stderr)\nraise SystemExit(2)\n", fullname, "exec")
 
 
 _FINDER = _MovedModuleFinder()

@@ -1,35 +1,39 @@
-"""The run directory both trainers write (`--output RUN`): proven writable before anything expensive starts, locked
-while a trainer uses it, never silently replaced when it holds a finished run, and cleared of what an interrupted
-attempt left. Failed writes become one error naming the file and the errno (`RunWriteError`, exit 4).
+"""The run directory both trainers write (`--output RUN`): proven writable before anything expensive starts, claimed
+while a trainer uses it, never silently replaced when it holds a finished run, cleared of what an interrupted attempt
+left, and never a place where a run appends to or replaces a file it did not create. Failed writes become one error
+naming the file and the errno (`RunWriteError`, exit 4).
 
-The lock: every rank of a trainer takes an exclusive `fcntl.flock` on its own file, RUN/locks/rank{R}.lock (one file
-per rank, because Linux NFS emulates flock with whole-file POSIX locks shared across nodes), and writes who it is
-into it (pid, host, rank, Slurm job). A second trainer on the same directory finds a lock taken and stops before it
-writes anything, naming the holder. The kernel releases a flock when its holder dies, SIGKILL included, so a killed
-run never leaves the directory stuck (on NFS the server frees a crashed node's lock after its lease, ~90 s). Forked
-children (DataLoader workers) close their inherited copies (`release_inherited_locks`), so the lock dies with the
-trainer, not its workers. On a filesystem without flock (Lustre mounted without `-o flock`) a warning, and no lock.
+The claim (`RunLock`) is the one every output has (`common.claims`): each rank of a trainer holds its part of the run
+directory's claim, RUN's sibling `.RUN.claim/{rank}` (an exclusive `flock` naming its holder: pid, host, command,
+Slurm job), the ranks of one job share it, and a second trainer - on this host or another sharing the file system -
+stops before it writes anything, naming the holder. The kernel releases a flock when its holder dies, SIGKILL
+included, so a killed run never leaves the directory stuck (on NFS the server frees a crashed node's lock after its
+lease, ~90 s); the next run takes over the stale claim with a note. Forked children (DataLoader workers) close their
+copies at once, so the claim dies with the trainer, not its workers.
+
+What a run wrote: RUN/.run_files.json lists the names (glob patterns) its command writes at the top of RUN
+(`common.outputs.Output.writes`), recorded when the run starts (`prepare_run_dir`), before it writes any of them. The
+`--output` rule refuses a run directory holding one of those names that the list does not have - a user's own
+`events.jsonl` or `ds_config.json` put there - instead of appending to it or replacing it; a run directory of the
+command's own kind written before such lists were kept is taken as its own.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import fcntl
-import json
+import fnmatch
 import os
 import shutil
-import socket
-import sys
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from . import claims
+from .claims import ClaimError, Part
 from .dist import DistEnv
 from .errors import EXIT_WRITE_FAILED, UserError, describe_os_error
+from .io import atomic_write_json, peek_object
 
-LOCKS = "locks"
-_HELD_FDS: set[int] = set()  # lock descriptors of this process (closed in forked children)
+RUN_FILES = ".run_files.json"
 
 
 class RunDirError(UserError):
@@ -54,7 +58,9 @@ def describe_write_error(err: BaseException) -> str:
 
 
 def prepare_run_dir(run_dir: Path, rank: int = 0) -> None:
-    """Create RUN and prove this rank can write there (shared filesystems differ per node)."""
+    """Create RUN, prove this rank can write there (shared filesystems differ per node), and (rank 0) record the
+    names the run writes there (RUN/.run_files.json, from its claim: `common.outputs.check_output`) before it writes
+    any of them."""
     try:
         if run_dir.exists() and not run_dir.is_dir():
             raise RunDirError(f"run directory {run_dir} is a file, not a directory")
@@ -62,55 +68,72 @@ def prepare_run_dir(run_dir: Path, rank: int = 0) -> None:
         probe = run_dir / f".write_probe_{rank}_{os.getpid()}"
         probe.write_text("ok")
         probe.unlink()
+        claim = claims.held(run_dir)
+        if rank == 0 and claim is not None and claim.run_files:  # one writer (another host's temporary looks dead)
+            record_run_files(run_dir, claim.run_files)
     except OSError as e:
         raise RunDirError(f"run directory {run_dir} is not writable: {e.strerror or e}") from None
 
 
-class RunLock:
-    """One rank's exclusive lock on a run directory, held until `release()` or the process ends."""
+def listed_run_files(run_dir: Path) -> list[str] | None:
+    """The names (glob patterns) RUN/.run_files.json lists, or None without one."""
+    record = peek_object(Path(run_dir) / RUN_FILES)
+    files = None if record is None else record.get("files")
+    return [str(f) for f in files] if isinstance(files, list) else None
 
-    def __init__(self, path: Path, fd: int | None) -> None:
-        self.path = path
-        self.fd = fd
+
+def record_run_files(run_dir: Path, patterns: Iterable[str]) -> None:
+    """Add `patterns` to RUN/.run_files.json (atomically)."""
+    listed = set(listed_run_files(run_dir) or ())
+    wanted = listed | set(patterns)
+    if wanted != listed:
+        atomic_write_json(Path(run_dir) / RUN_FILES, {"format": "elasticbert-run-files/1", "files": sorted(wanted)})
+
+
+def foreign_run_files(run_dir: Path, patterns: Iterable[str], own_kind: bool) -> list[str]:
+    """The entries at the top of `run_dir` that match the names a run writes there (`patterns`) but that no run
+    wrote: not in RUN/.run_files.json. Without the list, a folder of the command's own kind (`own_kind`: a run of an
+    earlier version) is taken as the run's own; any other folder's matching entries are someone else's."""
+    patterns = tuple(patterns)
+    if not patterns or not Path(run_dir).is_dir():
+        return []
+    listed = listed_run_files(run_dir)
+    if listed is None and own_kind:
+        return []
+    ours = tuple(listed or ())
+    return sorted(
+        entry.name
+        for entry in Path(run_dir).iterdir()
+        if _matches(entry.name, patterns) and not _matches(entry.name, ours)
+    )
+
+
+def _matches(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+
+class RunLock:
+    """One rank's part of its run directory's claim (`common.claims`), held until `release()` or the process ends.
+    Taken again where the command's `--output` rule took it already (`common.outputs.check_output`)."""
+
+    def __init__(self, path: Path, claim: claims.Claim) -> None:
+        self.path = path  # this rank's claim file
+        self.claim: claims.Claim | None = claim
 
     @classmethod
     def acquire(cls, run_dir: Path, env: DistEnv, who: str = "trainer") -> RunLock:
-        """Take RUN/locks/rank{R}.lock or raise RunDirError naming the `who` (e.g. "`finetune train`") that holds
-        it."""
-        path = Path(run_dir) / LOCKS / f"rank{env.rank}.lock"
+        """Claim `run_dir` as this rank of its job, or raise RunDirError naming the `who` (e.g. "`finetune train`")
+        and the process that holds it."""
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise RunDirError(f"cannot create the run lock {path}: {e.strerror or e}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            os.close(fd)
-            raise in_use(run_dir, who, f"{holder} holds {path}") from None
-        except OSError as e:
-            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                raise
-            os.close(fd)
-            print(
-                f"warning: cannot lock {path} ({e.strerror}: this filesystem has no flock); make sure no other "
-                f"{who} uses this run directory",
-                file=sys.stderr,
-                flush=True,
-            )
-            return cls(path, None)
-        _write_holder(fd, env)
-        _HELD_FDS.add(fd)
-        return cls(path, fd)
+            claim = claims.take(run_dir, Part.of(env))
+        except ClaimError as err:
+            raise in_use(run_dir, who, f"{err.holder} holds {err.file}") from None
+        return cls(claim.file, claim)
 
     def release(self) -> None:
-        if self.fd is not None:
-            _HELD_FDS.discard(self.fd)
-            with contextlib.suppress(OSError):
-                os.ftruncate(self.fd, 0)  # a lock file left behind names no one
-            os.close(self.fd)  # closing the last descriptor releases the flock
-            self.fd = None
+        if self.claim is not None:
+            self.claim.release()
+            self.claim = None
 
     def __enter__(self) -> RunLock:
         return self
@@ -126,61 +149,10 @@ def in_use(run_dir: Path, who: str, holder: str) -> RunDirError:
     )
 
 
-def lock_holder(run_dir: Path) -> str | None:
-    """Who holds one of the run directory's locks (a live process), or None: the check before a trainer loads
-    anything. A lock file left by a killed process is not held."""
-    for path in sorted((Path(run_dir) / LOCKS).glob("rank*.lock")):
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return f"{_read_holder(fd)} holds {path}"
-        except OSError:  # no flock on this filesystem: nobody can hold it
-            pass
-        finally:
-            os.close(fd)
-    return None
-
-
 def release_inherited_locks() -> None:
-    """In a forked child (a DataLoader worker): close the copies of the lock descriptors, so that the lock lives
-    and dies with the trainer process alone. The parent's lock is untouched (its descriptor stays open)."""
-    for fd in list(_HELD_FDS):
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _HELD_FDS.clear()
-
-
-def _write_holder(fd: int, env: DistEnv) -> None:
-    info = {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "rank": env.rank,
-        "world_size": env.world_size,
-        "launcher": env.launcher,
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-    }
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
-
-
-def _read_holder(fd: int) -> str:
-    """'pid P on host H (rank R of W, started T, Slurm job J)' from a held lock file, as far as it says."""
-    try:
-        info = json.loads(os.pread(fd, 4096, 0).decode("utf-8") or "{}")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        info = {}
-    if not isinstance(info, dict) or "pid" not in info:
-        return "a process (it has not written its name yet)"
-    job = f", Slurm job {info['slurm_job_id']}" if info.get("slurm_job_id") else ""
-    return (
-        f"pid {info['pid']} on host {info.get('host', '?')} (rank {info.get('rank', '?')} of "
-        f"{info.get('world_size', '?')}, started {info.get('started', '?')}{job})"
-    )
+    """In a forked child (a DataLoader worker): close the copies of the claims' descriptors, so that the claim lives
+    and dies with the trainer process alone (done at every fork already: `common.claims`; kept for callers)."""
+    claims.forget_in_child()
 
 
 # ---------------------------------------------------------------------------------------- finished and interrupted

@@ -34,3 +34,14 @@ def safe_softmax(scores: torch.Tensor, dim: int) -> torch.Tensor:
         probs = torch.softmax(scores, dim)
         return torch.where(torch.isneginf(scores).all(dim, keepdim=True), torch.zeros_like(probs), probs)
     return op(scores, dim)
+
+
+def int8_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """int8 [M, K] @ int8 [K, N] -> int32 [M, N]: `torch._int_mm`, the int8 GEMM where fbgemm is not the quantized
+    engine (ARM's qnnpack). Without it, the same exact integer product from public ops (int32 accumulation of int8
+    values cannot overflow for K < 2**17), slower."""
+    try:
+        op = torch._int_mm
+    except AttributeError:
+        return a.to(torch.int32) @ b.to(torch.int32)
+    return op(a, b)

@@ -123,6 +123,7 @@ def add_train_tokenizer(sub: Any) -> None:
         help="train on at most this much text, in input order (default 1G)",
     )
     add_threads(p, default=default_workers(), help="training threads (default: CPUs)")
+    add_max_nontext_fraction(p, RunOptions)
     add_input_options(p)
 
 
@@ -236,7 +237,12 @@ def _cmd_train_tokenizer(args: argparse.Namespace) -> int:
                 raise DataPrepError(f"{final}: a tokenizer already exists; use another --output or delete it first")
             if args.max_bytes < 1:
                 raise DataPrepError(f"--max-bytes must be > 0 (got {args.max_bytes})")
-            texts = iter_corpus_texts(args.inputs, max_bytes=args.max_bytes, **_given_fields(PrepConfig, args))
+            texts = iter_corpus_texts(
+                args.inputs,
+                max_bytes=args.max_bytes,
+                max_nontext_fraction=args.max_nontext_fraction,
+                **_given_fields(PrepConfig, args),
+            )
             meta = call_with_options(
                 train_tokenizer, args, texts=texts, out_dir=final, lowercase=args.cased is not True
             )

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from common.claims import Part
 from common.io import atomic_path, atomic_write_json, fsync_dir, read_object
 from common.outputs import CORPUS, Output, check_output
 from common.vocab import DEFAULT_MAX_UNK_FRACTION
@@ -122,8 +123,9 @@ def tokenize_corpus(
     problems = run.problems()
     if problems:
         raise DataPrepError("; ".join(problems))
-    check_output(out, TOKENIZE_OUTPUT, [*(("", str(i)) for i in inputs), ("--tokenizer", tokenizer)])
-    task = _array_task(num_tasks, task_index)
+    task = _array_task(num_tasks, task_index)  # the tasks of one array write `out` together (common.claims)
+    read = [*(("", str(i)) for i in inputs), ("--tokenizer", tokenizer)]
+    check_output(out, TOKENIZE_OUTPUT, read, part=Part.task(task[1], task[0]))
     with output_errors(out):
         out.mkdir(parents=True, exist_ok=True)
         return _tokenize([str(i) for i in inputs], out, tokenizer, cfg, task, run)
@@ -561,10 +563,22 @@ def _prune_units(out: Path, keys: list[str]) -> None:
 # ------------------------------------------------------------------------------------------ corpus reading
 
 
-def iter_corpus_texts(inputs: Sequence[str | os.PathLike], max_bytes: int = 0, **settings: Any) -> Iterator[str]:
-    """Documents of `inputs` in plan order (for tokenizer training); stops after ~max_bytes (0 = all)."""
+def iter_corpus_texts(
+    inputs: Sequence[str | os.PathLike],
+    max_bytes: int = 0,
+    max_nontext_fraction: float = TF.DEFAULT_MAX_NONTEXT_FRACTION,
+    **settings: Any,
+) -> Iterator[str]:
+    """Documents of `inputs` in plan order (for tokenizer training); stops after ~max_bytes (0 = all). A file that is
+    mostly not text (a binary, UTF-16) is refused first, as `tokenize` refuses it (`text_faults.check_text_sources`):
+    a vocabulary learnt from it would be made of its bytes. Checked when called, before the first document."""
     cfg = make_config(None, **settings).resolved()
     plan = build_plan([str(i) for i in inputs], cfg, "", None, allow_empty=True)
+    TF.check_text_sources(plan["sources"], max_nontext_fraction)
+    return _plan_texts(plan, cfg, max_bytes)
+
+
+def _plan_texts(plan: dict, cfg: dict, max_bytes: int) -> Iterator[str]:
     seen = 0
     for unit in plan["units"]:
         for si, a, b in unit:

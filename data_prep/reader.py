@@ -60,7 +60,8 @@ class PreparedCorpus:
         self.split = split
         mpath = self.path / "manifest.json"
         if not self.path.is_dir():
-            raise DataPrepError(f"{self.path}: prepared corpus directory not found")
+            found = "is a file, not a folder" if self.path.exists() else "not found"
+            raise DataPrepError(f"{self.path}: prepared corpus directory {found}")
         if not mpath.is_file():
             raise DataPrepError(f"{mpath}: missing (not a prepared corpus, or tokenize/finalize has not finished)")
         raw = mpath.read_bytes()

@@ -16,9 +16,10 @@ byte offset / row index), the source key being its path relative to the input ar
 hash of that id, so it depends neither on the unit cutting nor on where the corpus is mounted.
 
 What is not text is counted per file as documents are read (U+FFFD after decoding - an undecodable byte sequence,
-e.g. Latin-1 read as UTF-8 - and control characters: `ReadStats.text_faults`, in every unit record, summed into the
-manifest or the dedup report and logged per file), and a file most of whose first MiB is neither (an executable,
-an archive) is refused before any work unless `--max-nontext-fraction` says otherwise (`text_faults`).
+e.g. Latin-1 read as UTF-8 -, control characters and lines of letter soup: `ReadStats.text_faults`, `text_checks`;
+in every unit record, summed into the manifest or the dedup report and logged per file), and a file most of whose
+first MiB is neither (an executable, an archive) is refused before any work unless `--max-nontext-fraction` says
+otherwise (`text_faults`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any, BinaryIO, Literal
 from common.io import parse_object
 
 from .errors import DataPrepError
+from .text_checks import SoupCounter, nontext_counts
 
 BLOCK = 4 << 20
 HEAD_BYTES = 64 << 10
@@ -68,23 +70,6 @@ def _count_and_replace(err: UnicodeDecodeError) -> tuple[str, int]:
 
 
 codecs.register_error("data_prep_count", _count_and_replace)
-
-# --------------------------------------------------------------------------------------------- not text
-
-# Not text (`text_faults`): U+FFFD and control characters - C0 but tab, LF, VT, FF, CR; DEL; C1 in decoded text.
-_CONTROL = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x9f]")
-# the same in UTF-8 bytes, C0 and DEL (C1 needs two bytes; a file's raw bytes are counted at C speed: 380 MB/s)
-_NOT_CONTROL_BYTES = bytes(b for b in range(256) if not (b < 9 or 14 <= b < 32 or b == 127))
-
-
-def nontext_counts(text: str, raw: bytes | None = None) -> tuple[int, int]:
-    """(U+FFFD characters, control characters) of `text`; `raw`: the bytes it was decoded from, whose control
-    bytes are counted instead (C0 and DEL, at C speed; the text's own regex scan runs at ~90 MB/s)."""
-    replaced = text.count("\ufffd")
-    if raw is not None:
-        return replaced, len(raw.translate(None, _NOT_CONTROL_BYTES))
-    return replaced, len(_CONTROL.findall(text)) if _CONTROL.search(text) else 0
-
 
 # ------------------------------------------------------------------------------------------------- discovery
 
@@ -520,20 +505,30 @@ def plan_units(sources: list[dict], unit_bytes: int, max_doc_bytes: int) -> list
 
 @dataclass
 class ReadStats:
-    """Counters a unit reports: raw bytes read, documents, decode errors (replaced)."""
+    """Counters a unit reports: raw bytes read, documents, decode errors (replaced), what is not text per file."""
 
     bytes_read: int = 0
     decode_errors: int = 0
     skipped_empty: int = 0
     hasher: Any = field(default=None)
-    text_faults: dict[str, list[int]] = field(default_factory=dict)  # path -> [U+FFFD, control characters]
+    _faults: dict[str, list[int]] = field(default_factory=dict)  # path -> [U+FFFD, control characters, soup lines]
+    _soup: SoupCounter = field(default_factory=SoupCounter)
 
     def count_faults(self, path: str, text: str, raw: bytes | None = None) -> None:
-        """Add the U+FFFD and control characters of a document of `path` (`nontext_counts`)."""
+        """Add the U+FFFD and control characters (`nontext_counts`) and the lines of letter soup (`SoupCounter`)
+        of a document of `path`."""
         replaced, control = nontext_counts(text, raw)
         if replaced or control:
-            now = self.text_faults.setdefault(path, [0, 0])
+            now = self._faults.setdefault(path, [0, 0, 0])
             now[0], now[1] = now[0] + replaced, now[1] + control
+        self._soup.add(path, raw if raw is not None else text.encode("utf-8", "surrogatepass"))
+
+    @property
+    def text_faults(self) -> dict[str, list[int]]:
+        """path -> [U+FFFD, control characters, lines of letter soup] of the files with any, sorted by path."""
+        for path, soup in self._soup.flush().items():
+            self._faults.setdefault(path, [0, 0, 0])[2] = soup
+        return dict(sorted(self._faults.items()))
 
 
 class DocumentReader:

@@ -177,8 +177,8 @@ def corpus_stats(out_dir: str | os.PathLike, output_dir: str | os.PathLike | Non
     out = Path(out_dir)
     pdir = Path(output_dir) if output_dir is not None else out / "stats"
     corpus = [("DIR", out / name) for name in ("manifest.json", "train", "valid", "tokenizer", ".work")]
+    first = PreparedCorpus(out, "train")  # a missing corpus said as such, before its DIR/stats is claimed
     check_output(pdir, STATS_OUTPUT, corpus)  # beside the corpus's files (DIR/stats), never among them
-    first = PreparedCorpus(out, "train")
     result: dict[str, Any] = {"manifest_sha256": first.manifest_hash, "splits": {}}
     with output_errors(pdir, after="no stats were written: {todo} and rerun"):
         pdir.mkdir(parents=True, exist_ok=True)

@@ -127,7 +127,8 @@ def verify_dir(out_dir: str | os.PathLike, workers: int = 1) -> list[str]:
     < 1, is a DataPrepError (bad input, not a damaged corpus)."""
     out = Path(out_dir)
     if not out.is_dir():
-        raise DataPrepError(f"{out}: no such directory (verify takes a prepared-corpus directory: tokenize --output)")
+        found = "is a file, not a folder" if out.exists() else "no such directory"
+        raise DataPrepError(f"{out}: {found} (verify takes a prepared-corpus directory: tokenize --output)")
     if workers < 1:
         raise DataPrepError(f"--workers must be >= 1 (got {workers})")
     mpath = out / "manifest.json"

@@ -12,7 +12,7 @@ the bias into every [M, V] logits block; at hidden 256 that was 455 of a 950 ms 
   instead of to the [k·M, V] matrix (the bias gradient is one matrix-vector product);
 - on CPU, the [k·M, V] buffer is kept for the next step (`_CpuSpares`).
 The numbers are those of `F.cross_entropy` per exit (`tests/elasticbert/test_masked_lm.py`); what each of these
-saved is in the README's figures.
+saved is in docs/figures.md.
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@ A directory this project wrote carries checksums.json and says so in its config.
 whose files changed since (flipped bytes inside a tensor pass every format check; an edited config.json changes the
 model), or that lost its checksums.json (a partial copy), is refused by name. Directories that never were sealed (a hub
 BERT, the MiniLM package, another tool's export) load as they are, with one line saying so (once per directory and
-process: `note_unverified`). `--no-verify-checksums` (commands),
-`verify_checksums=False` (`from_pretrained`, `load_pretrained`) or `set_checksum_verification(False)` (a process) load a
-refused directory anyway.
+process: `note_unverified`). `--no-verify-checksums` (commands), `verify_checksums=False` (`from_pretrained`,
+`load_pretrained`, `EarlyExitClassifier.from_pretrained`; a pipeline's `model_kwargs`),
+`checksum_verification_as(False)` (a block) or `set_checksum_verification(False)` (a process) load a refused directory
+anyway.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from pathlib import Path
 from common.errors import UserError
 from common.integrity import CHECKSUMS, IntegrityError, verify_directory
 
-OVERRIDE = "--no-verify-checksums (commands) or verify_checksums=False (from_pretrained, load_pretrained)"
+OVERRIDE = (
+    "--no-verify-checksums (commands) or verify_checksums=False (from_pretrained, load_pretrained, "
+    "EarlyExitClassifier.from_pretrained; pipeline(..., model_kwargs={'verify_checksums': False}))"
+)
 
 
 class CheckpointError(UserError):
@@ -34,6 +38,7 @@ class CheckpointError(UserError):
 
 _VERIFY_CHECKSUMS = {"enabled": True}
 _INSIDE_A_VERIFIED_LOAD: ContextVar[bool] = ContextVar("inside_a_verified_load", default=False)
+_VERIFY_IN_BLOCK: ContextVar[bool | None] = ContextVar("verify_checksums_in_block", default=None)
 _VERIFIED: set[tuple] = set()  # directories hashed by this process, with the size and mtime of each file then
 _NOTED: set[str] = set()  # unsealed directories this process said it loads unverified
 
@@ -44,8 +49,22 @@ def set_checksum_verification(enabled: bool) -> None:
 
 
 def checksum_verification() -> bool:
-    """Whether this process verifies the model directories it loads (`set_checksum_verification`)."""
-    return _VERIFY_CHECKSUMS["enabled"]
+    """Whether the model directories loaded here are verified: `checksum_verification_as` inside its block, else the
+    process's `set_checksum_verification`."""
+    in_block = _VERIFY_IN_BLOCK.get()
+    return _VERIFY_CHECKSUMS["enabled"] if in_block is None else in_block
+
+
+@contextmanager
+def checksum_verification_as(verify: bool | None) -> Iterator[None]:
+    """Within the block (this thread or task), loads verify their directories (`verify` True) or not (False),
+    whatever the process's setting; None leaves it. For an entry point that reads several files of one directory
+    through several loaders (`EarlyExitClassifier.from_pretrained(..., verify_checksums=False)`)."""
+    token = _VERIFY_IN_BLOCK.set(None if verify is None else bool(verify))
+    try:
+        yield
+    finally:
+        _VERIFY_IN_BLOCK.reset(token)
 
 
 def verify_model_directory(directory: str | os.PathLike, verify: bool | None = None) -> None:

@@ -53,7 +53,7 @@ Granularity = Literal["batch", "exit"]
 Device = Literal["auto", "cpu", "cuda"]  # auto: CUDA when available, else the CPU (`finetune.model.resolve_device`)
 
 
-# Departure from the papers (measured, see finetune/README.md "Defaults that learn"): the exit heads train with their
+# Departure from the papers (measured, see docs/finetuning.md "Defaults that learn"): the exit heads train with their
 # own learning rate. ElasticBERT and ACL use one learning rate (2e-5) for backbone and exits; at that rate freshly
 # initialised MHA exits (four chained random layers) keep their logits near zero for the few hundred steps of a small
 # run, and 2ST's stage 2 (backbone frozen) cannot learn at all. The recipes set `exit_lr: null` (= optim.lr), the
@@ -113,7 +113,7 @@ class DataConfig:
     # threshold, `common.vocab`); 1.0: never.
     max_unk_fraction: float = DEFAULT_MAX_UNK_FRACTION
     # Training batches of examples of similar length (within pools of 50 batches, `finetune.data.LENGTH_POOL`), each
-    # padded to its longest: 2-5 % padding instead of 34-67 % on GLUE at batch 32 (README, "Length-grouped batches").
+    # padded to its longest: 2-5 % padding instead of 34-67 % on GLUE at batch 32 (docs/finetuning.md).
     # Off by default: it changes which examples share a batch (the papers' runs draw random batches); the same
     # examples, padded less, give the same per-exit losses (tests/finetune/test_length_grouping.py).
     group_by_length: bool = False
@@ -349,6 +349,8 @@ def config_path(name_or_path: str) -> Path:
     if name_or_path in recipe_names():
         return RECIPE_DIR / f"{name_or_path}.yaml"
     path = Path(name_or_path)
+    if path.is_dir():
+        raise ConfigError(f"--config {name_or_path}: is a folder, not a file (a .yaml run config, or a recipe name)")
     if path.suffix in (".yaml", ".yml"):
         if not path.is_file():
             raise ConfigError(f"--config {name_or_path}: no such file")

@@ -10,13 +10,28 @@ tuned on another task's sweep runs another model's operating point. So a task is
   (`id2label`) and the task's are others.
 A model that records no task (a released checkpoint, another tool's) is scored on the task asked for when its head
 fits it, with a note that says so.
+
+The task is checked against the data too (`check_data_fits`): a data folder named for another known task, or a file
+whose header has another task's columns, is refused when the task was taken from the model, and read as asked (with a
+note) when `--task` names it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
-from .tasks import DataError, TaskSpec, get_task
+from .tasks import (
+    DataError,
+    MissingSplitError,
+    TaskSpec,
+    folder_task,
+    foreign_columns,
+    get_task,
+    is_header,
+    split_path,
+    task_dir,
+)
 
 
 def model_labels(config: object) -> list[str] | None:
@@ -83,3 +98,55 @@ def check_measured_task(
     fix = f"sweep {model} on {own.name} (finetune early-exit --task {own.name}) and use that result" if own else None
     note = check_task_fits(config, get_task(measured), model, option=f"{what} was measured on", fix=fix)
     return (own.name if own is not None else get_task(measured).name), note
+
+
+def _header(path: Path) -> list[str] | None:
+    """The first line of a TSV file as columns (None: unreadable; the loader names why)."""
+    try:
+        with open(path, encoding="utf-8-sig") as handle:
+            return handle.readline().rstrip("\r\n").split("\t")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def data_mismatches(task: TaskSpec, data_dir: str | Path | None, splits: Sequence[str]) -> list[str]:
+    """What says the files of `splits` in `data_dir` are another task's than `task`: the folder they are read from is
+    named for another known task (`--data-dir .../IMDb` for SST-2), or a file's header has columns of another task's
+    files and not of this one's (QNLI's `question`, MNLI's `genre`, `promptID`). Hub data (`data_dir` None or
+    `hf:`): nothing to judge."""
+    if data_dir is None or str(data_dir).startswith("hf:") or not Path(data_dir).is_dir():
+        return []
+    problems = []
+    folder = task_dir(task, data_dir)
+    named = folder_task(folder)
+    if named is not None and named.directory != task.directory:
+        problems.append(f"the folder {folder} is named for task {named.name}")
+    for split in splits:
+        try:
+            path = split_path(task, data_dir, split)
+        except MissingSplitError:
+            continue
+        header = _header(path)
+        foreign = foreign_columns([task], header) if header is not None and is_header(task, header) else {}
+        if foreign:
+            said = ", ".join(f"{column!r} ({' or '.join(owners)}'s)" for column, owners in foreign.items())
+            plural = "s" if len(foreign) > 1 else ""
+            problems.append(f"{path}:1 has column{plural} {said}, which {task.name}'s files lack")
+    return problems
+
+
+def check_data_fits(task: TaskSpec, data_dir: str | Path | None, splits: Sequence[str], task_given: bool) -> str | None:
+    """Refuse (DataError) data that says it is another task's (`data_mismatches`) when the task was not named by the
+    user but taken from the model: scored as the model's task, its rows would be recorded as that task's dev set. A
+    task named with `--task` reads them as asked: returns the note to print (None when nothing is amiss)."""
+    problems = data_mismatches(task, data_dir, splits)
+    if not problems:
+        return None
+    said = "; ".join(problems)
+    if task_given:
+        return f"{said}: read as {task.name}'s rows, as --task says"
+    raise DataError(
+        f"--data-dir {data_dir}: {said}: these look like another task's rows, and the model's task {task.name} would "
+        f"score them as {task.name}'s {'/'.join(splits)} set. Point --data-dir at {task.name}'s data, or pass --task "
+        f"{task.name} to read them as {task.name}'s anyway"
+    )

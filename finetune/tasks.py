@@ -79,6 +79,7 @@ class TaskSpec:
     index_column: tuple[str, ...] = ("index", "id", "idx")
     headerless_columns: tuple[str, ...] | None = None  # CoLA train/dev have no header row
     positions: ColumnPositions | None = None  # ELUE: the official processors' columns, when header names don't match
+    other_columns: tuple[str, ...] = ()  # the other columns its GLUE files carry (what tells them from another task's)
     submission_name: str = ""
     hf_dataset: tuple[str, str] | None = None  # (hub name, config) for users with the HF hub
 
@@ -140,6 +141,16 @@ _MNLI_COMMON = dict(
     text_columns=_PAIR,
     label_column=("gold_label", "label"),
     metrics=("accuracy",),
+    other_columns=(
+        "promptID",
+        "pairID",
+        "genre",
+        "sentence1_binary_parse",
+        "sentence2_binary_parse",
+        "sentence1_parse",
+        "sentence2_parse",
+        *(f"label{i}" for i in range(1, 6)),
+    ),
 )
 
 TASKS: dict[str, TaskSpec] = {
@@ -168,6 +179,7 @@ TASKS: dict[str, TaskSpec] = {
             text_columns=(("#1 String", "sentence1"), ("#2 String", "sentence2")),
             label_column=("Quality", "label"),
             metrics=("f1", "accuracy"),
+            other_columns=("#1 ID", "#2 ID"),
             hf_dataset=(_GLUE, "mrpc"),
         ),
         _glue(
@@ -176,6 +188,7 @@ TASKS: dict[str, TaskSpec] = {
             text_columns=_PAIR,
             label_column=("score", "label"),
             metrics=("pearson", "spearman"),
+            other_columns=("genre", "filename", "year", "old_index", "source1", "source2"),
             hf_dataset=(_GLUE, "stsb"),
         ),
         _glue(
@@ -184,6 +197,7 @@ TASKS: dict[str, TaskSpec] = {
             text_columns=(("question1",), ("question2",)),
             label_column=("is_duplicate", "label"),
             metrics=("f1", "accuracy"),
+            other_columns=("qid1", "qid2"),
             hf_dataset=(_GLUE, "qqp"),
         ),
         _glue(
@@ -301,6 +315,44 @@ def get_task(name: str | TaskSpec) -> TaskSpec:
     raise DataError(f"unknown task {name!r}.{hint} Known tasks: {', '.join(TASKS)}")
 
 
+def folder_task(folder: str | Path) -> TaskSpec | None:
+    """The task a folder is named for (`SST-2`, `sst2`, `IMDb`, `MNLI`: a task's folder or name), else None."""
+    key = _normalise(Path(folder).name)
+    return TASKS[_ALIASES[key]] if key in _ALIASES else None
+
+
+def columns_of(task: TaskSpec) -> set[str]:
+    """Every header name a file of `task` may carry (lower case): its text, label, index and other columns."""
+    names = [*(n for names in task.text_columns for n in names), *task.label_column, *task.index_column]
+    names += [*(task.headerless_columns or ()), *task.other_columns]
+    return {n.lower() for n in names}
+
+
+def foreign_columns(tasks: Sequence[TaskSpec], header: Sequence[str]) -> dict[str, list[str]]:
+    """The columns of `header` that no task of `tasks` has and another known task's files do, each with
+    those tasks (their names, tasks sharing a folder once): what tells a file as another task's. Columns no task
+    names (a user's own notes) are not judged."""
+    own = set().union(*(columns_of(t) for t in tasks))
+    folders = {t.directory for t in tasks}
+    found: dict[str, list[str]] = {}
+    for column in (h.strip() for h in header):
+        if column.lower() in own:
+            continue
+        owners: dict[str, str] = {}  # one name per folder (MNLI for MNLI-mm, SST-2 for ELUE's)
+        for t in TASKS.values():
+            if t.directory not in folders and column.lower() in columns_of(t):
+                owners.setdefault(t.directory, t.name)
+        if owners:
+            found[column] = list(owners.values())
+    return found
+
+
+def tasks_reading(text_columns: Sequence[Sequence[str]]) -> list[TaskSpec]:
+    """The tasks whose files name their texts `text_columns` (SST-2, ELUE's SST-2 and IMDb share `sentence`)."""
+    wanted = tuple(tuple(names) for names in text_columns)
+    return [t for t in TASKS.values() if tuple(tuple(names) for names in t.text_columns) == wanted]
+
+
 # ----------------------------------------------------------------------------------------------------------- loading
 
 
@@ -308,7 +360,7 @@ def task_dir(task: TaskSpec, data_dir: str | Path) -> Path:
     """`data_dir/<task folder>` if it exists, else `data_dir` itself (pointing straight at one task's folder)."""
     root = Path(data_dir)
     if not root.is_dir():
-        raise DataError(f"data directory {root} does not exist")
+        raise DataError(f"data directory {root} {'is a file, not a folder' if root.exists() else 'does not exist'}")
     sub = root / task.directory
     return sub if sub.is_dir() else root
 
@@ -341,6 +393,14 @@ def _find_column(header: list[str], names: tuple[str, ...]) -> int | None:
         if name.lower() in lowered:
             return lowered.index(name.lower())
     return None
+
+
+def is_header(spec: TaskSpec, first: list[str]) -> bool:
+    """Whether a file's first line is its header: always, but for a task whose files may have none (CoLA's train and
+    dev) when it names none of the task's text columns."""
+    return not (
+        spec.headerless_columns is not None and all(_find_column(first, names) is None for names in spec.text_columns)
+    )
 
 
 def _parse_label(spec: TaskSpec, raw: str, where: str) -> int | float:
@@ -387,9 +447,7 @@ def read_tsv(spec: TaskSpec, path: Path, labelled: bool = True) -> list[Example]
         raise DataError(f"{path}: empty file")
 
     first = lines[0].split("\t")
-    has_header = not (
-        spec.headerless_columns is not None and all(_find_column(first, names) is None for names in spec.text_columns)
-    )
+    has_header = is_header(spec, first)
     header = first if has_header else list(spec.headerless_columns)
     body_start = 1 if has_header else 0
     text_cols = [_find_column(header, names) for names in spec.text_columns]

@@ -220,6 +220,52 @@ def check_resume_tokenizer(ckpt_dir: Path, identity: TokenizerIdentity | None, d
     )
 
 
+NEW_DATA_FLAG = "--resume-on-new-data"
+
+
+def _described(fp: dict[str, Any]) -> str:
+    return (
+        f"fingerprint {fp.get('fingerprint')} (manifest sha256 {str(fp.get('manifest_sha256'))[:16]}, "
+        f"{fp.get('shard_files')} shard files, {fp.get('bytes'):,} bytes)"
+    )
+
+
+def data_changes(point: ResumePoint, fingerprints: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The corpora whose fingerprint (`pretrain.corpora.corpus_fingerprint`) differs from the one the checkpoint
+    recorded, each as {corpus, path, before, now}; None when the checkpoint records none (written before they were)."""
+    recorded = point.state.get("corpora")
+    if not isinstance(recorded, list):
+        return None
+    before = {r.get("corpus"): r for r in recorded if isinstance(r, dict)}
+    changed = []
+    for now in fingerprints:
+        old = before.get(now["corpus"])
+        if old is None or old.get("fingerprint") != now["fingerprint"]:
+            changed.append({"corpus": now["corpus"], "path": now["path"], "before": old, "now": now})
+    return changed
+
+
+def check_resume_data(point: ResumePoint, fingerprints: list[dict[str, Any]], accept_new: bool) -> list[dict]:
+    """Refuse (ResumeError, one line) to resume on other data than the checkpoint was trained on: a corpus folder
+    rebuilt or replaced in place (same path, same vocabulary, other text) would otherwise be read from the middle of a
+    sample order made for another corpus. With `accept_new` (`--resume-on-new-data`) the changes are returned (the
+    trainer restarts the sample order on the new data and records it); [] when nothing changed or the checkpoint
+    records no fingerprints."""
+    changed = data_changes(point, fingerprints) or []
+    if changed and not accept_new:
+        said = "; ".join(
+            f"data.corpora[{c['corpus']}] ({c['path']}) was "
+            + (f"{_described(c['before'])} then, and is {_described(c['now'])} now" if c["before"] else "not in it")
+            for c in changed
+        )
+        raise ResumeError(
+            f"checkpoint {point.tag} was trained on other data: {said}. The corpus was rebuilt or replaced since; "
+            f"resume on the data the checkpoint was trained on, or pass {NEW_DATA_FLAG} to continue on this data "
+            "(its sample order starts over)"
+        )
+    return changed
+
+
 def committed_before(ckpt_dir: Path, tag: str) -> list[str]:
     """Complete step checkpoints older than `tag`, newest first (what an operator could fall back to)."""
     m = TAG_RE.match(tag)

@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
+from common.errors import describe_os_error, os_error_of
 from common.integrity import hash_files, list_files, share_of, verify_share, write_checksums
 from common.io import atomic_path, atomic_write_text
-from common.run_dir import RunDirError, RunWriteError, describe_write_error
+from common.run_dir import RunDirError, RunWriteError
 
 from .checkpoint import (
     CLIENT_STATE,
@@ -145,7 +146,7 @@ class Checkpointer:
                 write_checksums(self.dir / tag, checksums)
                 commit_latest(self.dir, tag)
             except OSError as e:
-                problems = [f"rank 0: {describe_write_error(e)}"]
+                problems = [self.write_problem(e, self.dir / tag)]
             else:
                 removed = prune(self.dir, self.keep_last)
         problems = group.broadcast(problems)
@@ -159,6 +160,14 @@ class Checkpointer:
                 "rerun the same command to resume from it"
             )
         return {"tag": tag, "seconds": time.perf_counter() - t0, "files": len(checksums), "removed": removed}
+
+    def write_problem(self, err: BaseException, where: Path, doing: str = "") -> str:
+        """One line for a failed write of a checkpoint: the path, the errno and what it means. torch's zip writer
+        (DeepSpeed's files) says a full disk as "unexpected pos N vs M", without an errno or a path:
+        `common.errors.os_error_of` reads it as the full disk it is when the filesystem of `where` has no room left."""
+        os_err = os_error_of(err, where)
+        text = describe_os_error(os_err) if os_err is not None else f"{type(err).__name__}: {err}"
+        return f"rank {self.rank}: {doing}" + " ".join(text.split())
 
     def _write(
         self,
@@ -177,14 +186,14 @@ class Checkpointer:
             engine.save_checkpoint(str(self.dir), tag=tag, client_state=dict(state), save_latest=False)
         except (OSError, RuntimeError) as e:
             group.barrier()  # the barrier DeepSpeed's save ends with, which this rank skipped
-            error = f"rank {self.rank}: {describe_write_error(e)}"
+            error = self.write_problem(e, tag_dir)
         if error is None and self.rank == 0:
             try:
                 write_export(tag_dir / "export")
                 full = {**state, "config": config, "time": time.time()}
                 atomic_write_text(tag_dir / CLIENT_STATE, json.dumps(full, indent=2))
             except OSError as e:
-                error = f"rank 0: {describe_write_error(e)}"
+                error = self.write_problem(e, tag_dir)
         group.barrier()
         names = group.broadcast(list_files(tag_dir) if self.rank == 0 else None)
         entries: dict[str, Any] = {}
@@ -192,7 +201,7 @@ class Checkpointer:
             try:
                 entries = hash_files(tag_dir, share_of(names, self.rank, self.world))
             except OSError as e:
-                error = f"rank {self.rank}: hashing: {describe_write_error(e)}"
+                error = self.write_problem(e, tag_dir, "hashing: ")
         gathered = group.all_gather((error, entries))
         return [e for e, _ in gathered if e], {k: v for _, part in gathered for k, v in part.items()}
 

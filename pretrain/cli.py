@@ -64,9 +64,7 @@ def add_commands(sub: Any) -> None:
         metavar="RUN",
     )
     t.add_argument("--ds-config", default=None, help="DeepSpeed JSON (default: train.ds_config of the run config)")
-    config_argument(
-        t, CheckpointConfig, "force_resume", help="resume even if the checkpoint was written under a different config"
-    )
+    _resume_arguments(t)
     _verify_argument(t, "resuming")
     t.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
 
@@ -74,6 +72,7 @@ def add_commands(sub: Any) -> None:
     _config_args(f)
     add_output(f, "the run directory the training will use", metavar="RUN")
     f.add_argument("--ds-config", default=None, help="DeepSpeed JSON (default: train.ds_config of the run config)")
+    _resume_arguments(f)  # the batch scripts pass train's arguments to both: accepted here, used by train
 
     e = add_command(sub, "export", cmd_export, EXPORT_HELP)
     e.add_argument("--checkpoint", required=True, help="RUN/checkpoints")
@@ -119,6 +118,19 @@ def add_commands(sub: Any) -> None:
     _verify_argument(u, "converting")
 
 
+def _resume_arguments(p: argparse.ArgumentParser) -> None:
+    config_argument(
+        p, CheckpointConfig, "force_resume", help="resume even if the checkpoint was written under a different config"
+    )
+    config_argument(
+        p,
+        CheckpointConfig,
+        "resume_on_new_data",
+        help="resume even if a corpus is not the data the checkpoint was trained on (its fingerprint differs: rebuilt "
+        "or replaced in place); the sample order starts over on it, and the run's events say so",
+    )
+
+
 def _verify_argument(p: argparse.ArgumentParser, when: str) -> None:
     config_argument(
         p,
@@ -129,19 +141,25 @@ def _verify_argument(p: argparse.ArgumentParser, when: str) -> None:
     )
 
 
-RUN_OUTPUT = Output("pretrain", "a pre-training run directory", folder=True, exclusive=True, accepts=(PRETRAIN_RUN,))
+# what a run writes at the top of RUN (never a file of these names that no run wrote: common.run_dir)
+RUN_FILES = ("config.yaml", "ds_config.json", "metrics.jsonl", "events.jsonl", "eval.jsonl", "tensorboard")
+RUN_FILES += ("checkpoints", "samples_rank*.jsonl", "final_weights.safetensors")
+RUN_OUTPUT = Output(
+    "pretrain", "a pre-training run directory", folder=True, exclusive=True, accepts=(PRETRAIN_RUN,), writes=RUN_FILES
+)
 
 
 INDEX_OUTPUT = Output("build-index", "a run directory's index_cache/", folder=True, accepts=(PRETRAIN_RUN,))
 
 
-def check_run_output(args: argparse.Namespace, cfg: object, spec: Output = RUN_OUTPUT) -> None:
+def check_run_output(args: argparse.Namespace, cfg: object, spec: Output = RUN_OUTPUT, claim: bool = True) -> None:
     """The run directory is not one of the run's inputs (its config, corpora, `init_from` model), not inside one,
     does not hold one, and is not another command's folder (a model directory, a prepared corpus, a fine-tuning
     run): `common.outputs`. (`build-index` writes only index_cache/ there: it may hold the inputs.)"""
     inputs = [("--config", args.config), ("model.init_from", cfg.model.init_from)]
+    inputs += [("--ds-config", getattr(args, "ds_config", None) or cfg.train.ds_config)]
     inputs += [(f"data.corpora[{i}].path", corpus.path) for i, corpus in enumerate(cfg.data.corpora)]
-    check_output(args.output, spec, inputs)
+    check_output(args.output, spec, inputs, claim=claim)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -152,7 +170,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     set_checksum_verification(args.verify_checksums)  # init_from is loaded under the same flag as the checkpoints
     cfg = load_config(args.config, args.overrides)
     check_run_output(args, cfg)
-    return train(cfg, Path(args.output), args.ds_config, args.force_resume, args.verify_checksums)
+    resume = {"force_resume": args.force_resume, "resume_on_new_data": args.resume_on_new_data}
+    return train(cfg, Path(args.output), args.ds_config, verify_checksums=args.verify_checksums, **resume)
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
@@ -160,7 +179,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     from .preflight import preflight
 
     cfg = load_config(args.config, args.overrides)
-    check_run_output(args, cfg)
+    check_run_output(args, cfg, claim=False)  # every node's preflight checks the one run directory side by side
     return preflight(cfg, Path(args.output), args.ds_config)
 
 

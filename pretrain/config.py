@@ -97,8 +97,8 @@ class DataConfig:
     # Refuse a corpus whose manifest records more [UNK] than this fraction of its tokens (a vocabulary that does not
     # fit the text); None: data_prep's threshold (`common.vocab.DEFAULT_MAX_UNK_FRACTION`, 1 %); 1.0: never.
     max_unk_fraction: float | None = None
-    # Pack each micro-batch's samples several to a row of <= max_length (pretrain/README, "Packing"): the same samples,
-    # the same masks and the same losses as one sample per padded row (the paper's and BERT's way), without the
+    # Pack each micro-batch's samples several to a row of <= max_length (docs/pretraining.md, "Packing"): the same
+    # samples, the same masks and the same losses as one sample per padded row (the paper's and BERT's way), without the
     # padding (38 % of the tokens of WikiText at 512 here). A departure in how the step is computed, not in what it
     # computes; false pads one sample per row. Not hashed: a resume may switch it.
     packing: bool = True
@@ -159,7 +159,7 @@ class TrainConfig:
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     stop_after_steps: int | None = None  # stop (with a checkpoint) before train_steps; the schedule is unchanged
     # torch.compile (inductor) through DeepSpeed's engine.compile: opt-in, since the first steps of each exit group
-    # compile for a minute or more; exact resume kept (pretrain/README "The compiled step")
+    # compile for a minute or more; exact resume kept (docs/pretraining.md, "The compiled step")
     compile: bool = False
 
     def end_step(self) -> int:
@@ -173,6 +173,8 @@ class CheckpointConfig:
     interval: int = 1000
     keep_last: int = 3
     force_resume: bool = False  # resume even when the checkpoint was written under a different config
+    # resume on corpora other than the checkpoint's (their fingerprints differ): the sample order starts over on them
+    resume_on_new_data: bool = False
     verify_checksums: bool = True  # check checksums.json before resuming (false: only truncated files are refused)
     dump_final_weights: bool = False  # write the gathered in-memory fp32 weights at the end (verifies export)
 
@@ -428,7 +430,7 @@ def _cadence_problems(cfg: RunConfig) -> list[str]:
 def _compile_problems(cfg: RunConfig) -> list[str]:
     """Packing varies the number of rows of every micro-batch (1 to micro_batch_size), the compiled step wants one
     static shape: padding the rows back to micro_batch_size would give back all that packing saves, and a dynamic
-    row count would recompile each graph again. So the two are exclusive (pretrain/README, "Packing")."""
+    row count would recompile each graph again. So the two are exclusive (docs/pretraining.md, "Packing")."""
     if cfg.train.compile and cfg.data.packing:
         return [
             "train.compile=true needs data.packing=false (the compiled step has one static shape; packed micro-batches "

@@ -1,6 +1,7 @@
 """Opening the prepared corpora of a run config: data_prep's reader, its verification (once per corpus version), the
 one-tokenizer check across a blend and against the checkpoint a run resumes from (tokenizer identities,
-`common.vocab`), and the sample indexes (cached beside the data).
+`common.vocab`), each corpus's fingerprint (`corpus_fingerprint`: what a checkpoint records of the data it trained on,
+compared on resume by `pretrain.checkpoint.check_resume_data`), and the sample indexes (cached beside the data).
 
 `train` calls `open_data` before any process group exists, so a bad corpus costs seconds; `build-index` calls it
 offline (and imports no trainer) to verify, stamp and cache everything once after data_prep.
@@ -43,6 +44,7 @@ class DataBundle:
     tokenizer_identity: TokenizerIdentity | None = None  # what the token ids mean (common.vocab), corpus 0's
     tokenizer_where: str = ""  # which corpus that is, for messages
     index_paths: list[str] = field(default_factory=list)  # where each index lives: per corpus, train then valid
+    fingerprints: list[dict] = field(default_factory=list)  # per corpus, in config order (`corpus_fingerprint`)
     notes: list[str] = field(default_factory=list)  # what a user should know before spending compute (printed)
 
 
@@ -83,6 +85,33 @@ def verify_corpus(path: Path, caches: list[Path]) -> None:
             return
         except OSError:
             continue
+
+
+def corpus_fingerprint(corpus: PreparedCorpus, path: Path, k: int) -> dict[str, Any]:
+    """What a checkpoint records of corpus k: the sha256 of its manifest (which records every shard's token count and
+    its .bin's sha256, so it names the data) and the size of every shard file it lists (the reader checks them against
+    the manifest; a stat each, cheap at 160 GB), joined into one short `fingerprint`. A corpus rebuilt in place with
+    other text of the same vocabulary has another one, even where its shard sizes happen to agree."""
+    sizes = []
+    for split, entry in sorted(corpus.manifest.get("splits", {}).items()):
+        for shard in entry.get("shards", []):
+            for suffix in (".bin", ".idx"):
+                name = f"{split}/{shard['name']}{suffix}"
+                try:
+                    sizes.append((name, (path / name).stat().st_size))
+                except OSError:
+                    sizes.append((name, -1))  # (a split the run does not open: its reader names missing files)
+    digest = hashlib.sha256(corpus.manifest_hash.encode())
+    for name, size in sizes:
+        digest.update(f"\n{name}:{size}".encode())
+    return {
+        "corpus": k,
+        "path": str(path),
+        "fingerprint": digest.hexdigest()[:16],
+        "manifest_sha256": corpus.manifest_hash,
+        "shard_files": len(sizes),
+        "bytes": sum(max(size, 0) for _, size in sizes),
+    }
 
 
 def tokenizer_dir_of(corpus: Any) -> Path | None:
@@ -177,6 +206,7 @@ def open_data(cfg: RunConfig, run_dir: Path, need_valid: bool) -> DataBundle:
         if cfg.data.verify:
             verify_corpus(path, caches)
         corpus_tokenizer(corpus, path, k, bundle)
+        bundle.fingerprints.append(corpus_fingerprint(corpus, path, k))
         if k == 0:  # a resumed run continues on tokens that mean what they meant
             where = f"the tokenizer of {bundle.tokenizer_where}"
             check_resume_tokenizer(run_dir / "checkpoints", bundle.tokenizer_identity, where)

@@ -28,6 +28,7 @@ from common.outputs import MODEL_DIRECTORY, Output, check_output
 from common.run_dir import RunWriteError
 from elasticbert import ElasticBertConfig, ElasticBertForPreTraining  # (importing elasticbert registers Auto*)
 from elasticbert.fnlp_export import plan_fnlp, save_fnlp
+from elasticbert.verification import verified_load
 
 from .checkpoint import CLIENT_STATE, ResumeError, read_client_state, resolve_tag, verify_checkpoint
 from .integrity import LOAD_ERRORS, nonfinite_tensors
@@ -82,8 +83,9 @@ def export(
     output = check_output(output, EXPORT, [("--checkpoint", ckpt_dir)], overwrite)
 
     verify_checkpoint(ckpt_dir, tag, verify, what="export")
-    try:
-        config = ElasticBertConfig.from_pretrained(str(export_files))
+    try:  # export/ was verified with the checkpoint (its checksums.json covers the tag): no second check, no note
+        with verified_load():
+            config = ElasticBertConfig.from_pretrained(str(export_files))
     except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ResumeError(f"{export_files / 'config.json'} is not a readable model config: {e}") from None
     if layout == "fnlp":  # refused before the weights are consolidated

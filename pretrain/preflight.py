@@ -35,7 +35,7 @@ from common.torch_build import query_driver, running_build_check
 from .config import REPO_ROOT, RunConfig
 
 GATHER_TIMEOUT_S = 20.0  # how long node 0 waits for the others' reports (a node that cannot reach it says so)
-CHECKPOINT_BYTES_PER_PARAM = 16  # measured: base ZeRO-1/2 checkpoint 1879 MB for 123 M parameters (README)
+CHECKPOINT_BYTES_PER_PARAM = 16  # measured: base ZeRO-1/2 checkpoint 1879 MB for 123 M parameters (docs/scale.md)
 BERT_VOCAB = 30522
 CODE_PACKAGES = ("common", "elasticbert", "data_prep", "pretrain")
 

@@ -19,6 +19,7 @@ import torch
 from common.dist import DistEnv, resolve_env
 from common.run_dir import RunLock, prepare_run_dir, release_inherited_locks
 
+from .checkpoint import check_resume_data, data_changes
 from .checkpointer import Checkpointer
 from .collation import Collator
 from .config import RunConfig, validate, write_resolved_configs
@@ -53,9 +54,10 @@ class TrainerStartup:
         ds_config_path: str | None,
         force_resume: bool,
         verify_checksums: bool = True,
+        resume_on_new_data: bool = False,
     ) -> None:
         """Every check that needs no process group: config, DeepSpeed JSON, run directory and its lock, data,
-        checkpoint (compatibility and this rank's share of its files)."""
+        checkpoint (compatibility, the data it was trained on, this rank's share of its files)."""
         self.clock = StartupClock()
         quiet_deepspeed("cuda" if torch.cuda.is_available() else "cpu")
         self.cfg = cfg
@@ -79,13 +81,14 @@ class TrainerStartup:
         verify = verify_checksums and cfg.checkpoint.verify_checksums
         self.checkpoints = Checkpointer(self.run_dir, self.rank, self.world, cfg.checkpoint.keep_last, verify)
         try:
-            self._check_inputs(force_resume or cfg.checkpoint.force_resume)
+            self._check_inputs(force_resume or cfg.checkpoint.force_resume, resume_on_new_data)
         except BaseException:
             self.lock.release()
             raise
 
-    def _check_inputs(self, force_resume: bool) -> None:
-        """Data, then the checkpoint to resume from, then the resolved configs, written once everything passed."""
+    def _check_inputs(self, force_resume: bool, resume_on_new_data: bool) -> None:
+        """Data, then the checkpoint to resume from (its config, then its data: `_check_resume_data`), then the
+        resolved configs, written once everything passed."""
         cfg = self.cfg
         if cfg.model.init_from is not None:
             init_source(cfg.model.init_from)  # a hub name not in the cache fails here, before the process group
@@ -95,8 +98,31 @@ class TrainerStartup:
         self.end_step = cfg.train.end_step()
         self.config_hash = cfg.semantic_hash()
         self.point = self.checkpoints.find(self.config_hash, cfg.to_dict(), force_resume)
+        self._check_resume_data(resume_on_new_data or cfg.checkpoint.resume_on_new_data)
         if self.rank == 0:
             write_resolved_configs(self.run_dir, cfg, self.ds_cfg)
+
+    def _check_resume_data(self, accept_new: bool) -> None:
+        """The corpora are the data the checkpoint was trained on (`check_resume_data`), or, accepted, new data: the
+        sample order then starts over on it at the resume point (`data_start`, in samples, recorded by every later
+        checkpoint with the history of such changes, `data_changes`)."""
+        self.data_start, self.data_history, self.new_data = 0, [], []
+        if self.point is None:
+            return
+        state = self.point.state
+        self.data_start = int(state.get("data_start_samples", 0))
+        self.data_history = list(state.get("data_changes", []))
+        if data_changes(self.point, self.data.fingerprints) is None:
+            self.data.notes.append(
+                f"checkpoint {self.point.tag} records no corpus fingerprints (written before they were): the data it "
+                "was trained on is not compared with this run's"
+            )
+            return
+        self.new_data = check_resume_data(self.point, self.data.fingerprints, accept_new)
+        if self.new_data:
+            self.data_start = self.point.consumed_samples
+            change = {"step": self.point.step, "consumed_samples": self.data_start, "corpora": self.new_data}
+            self.data_history.append(change)
 
     # ------------------------------------------------------------------ setup that needs the process group
     def _setup(self) -> None:
@@ -131,7 +157,8 @@ class TrainerStartup:
             [len(c) for c in self.data.train], [c.weight for c in d.corpora], self.cfg.train.seed, d.blend_block
         )
         lay = self.layout
-        batches = RankBatches(self.order, self.consumed, lay.global_batch, lay.micro_batch, self.rank, self.world)
+        on_data = self.consumed - self.data_start  # samples read of these corpora: the order's position
+        batches = RankBatches(self.order, on_data, lay.global_batch, lay.micro_batch, self.rank, self.world)
         pad_id = int(self.data.special_ids.get("pad", 0))  # compiled: every batch at max_length (one static shape)
         self.collator = Collator(pad_id, d.max_length if self.cfg.train.compile else 8, d.packing, d.max_length)
         self.loader = train_loader(self.data.train, batches, self.collator, d.num_workers, _worker_init)
@@ -139,7 +166,10 @@ class TrainerStartup:
         self.metrics = MetricsLogger(
             self.run_dir, self.rank == 0, lg.tensorboard, lg.progress, self.end_step, self.step, lg.tb_interval
         )
-        self.metrics.digests = lambda steps: batch_digests(self.order, steps, self.layout.global_batch)
+        first = self.data_start // lay.global_batch  # the step the order started at (0 unless the data changed)
+        self.metrics.digests = lambda steps: batch_digests(
+            self.order, range(steps.start - first, steps.stop - first), lay.global_batch
+        )
         self.peak = peak_flops(lg.peak_tflops, self.device, self.precision)
         self.samples_log = (
             open(self.run_dir / f"samples_rank{self.rank}.jsonl", "a", encoding="utf-8") if lg.log_samples else None
@@ -164,6 +194,12 @@ class TrainerStartup:
             via = f" via {self.load_tag}" if self.load_tag != self.point.tag else ""
             lines.append(f"  resuming from {self.point.tag} (step {self.step}, consumed_samples {self.consumed}){via}")
             lines += [f"  forced resume despite config change: {d}" for d in self.checkpoints.config_diffs]
+            lines += [
+                f"  resuming on new data (--resume-on-new-data): data.corpora[{c['corpus']}] ({c['path']}) fingerprint "
+                f"{(c['before'] or {}).get('fingerprint')} -> {c['now']['fingerprint']}; the sample order starts over "
+                f"at step {self.step}"
+                for c in self.new_data
+            ]
         lines += [f"  note: {n}" for n in (*self.caps.notes, *self.data.notes)]
         lines.append(
             f"  start-up across {self.world} rank(s), seconds since the first process started (last rank): "
@@ -185,6 +221,9 @@ class TrainerStartup:
             load_tag=self.load_tag,
             config_hash=self.config_hash,
             forced_diffs=self.checkpoints.config_diffs,
+            corpora=self.data.fingerprints,
+            data_start_samples=self.data_start,
+            new_data=self.new_data,
             startup=startup,
             memory=self._memory_summary(),
         )

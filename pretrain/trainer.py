@@ -11,6 +11,8 @@ One optimizer step t:
   that step, before anything is saved (guards.py).
 Everything a resumed run needs is (step, consumed_samples) + DeepSpeed's model/optimizer state: data order, masking
 (per-sample seed), dropout (per-micro-step seed), lr and exit group (functions of step) are recomputed, not restored.
+Each checkpoint also records the fingerprint of every corpus (`corpora`): a resume on other data is refused, or, with
+`--resume-on-new-data`, starts the sample order over on it (`data_start_samples`, `data_changes`).
 
 The components the loop calls live beside it: startup.py (the state it runs on), checkpointer.py (resume, save,
 load: the commit protocol), evaluation.py (validation), corpora.py + data.py + collation.py (data; packed rows),
@@ -206,6 +208,9 @@ class Trainer(TrainerStartup):
             "zero_stage": self.zero_stage,
             "micro_batch": self.layout.micro_batch,
             "precision": self.precision,
+            "corpora": self.data.fingerprints,  # the data it trained on, compared on resume (`check_resume_data`)
+            "data_start_samples": self.data_start,  # where the sample order of these corpora started
+            "data_changes": self.data_history,
         }
         write_export = export_files_writer(self.model_config, self.data.tokenizer_dir)
         saved = self.checkpoints.save(self.engine, self.group, state, self.cfg.to_dict(), write_export)
@@ -231,6 +236,7 @@ def train(
     ds_config_path: str | None = None,
     force_resume: bool = False,
     verify_checksums: bool = True,
+    resume_on_new_data: bool = False,
 ) -> int:
     """Entry point used by the CLI: returns the exit code."""
-    return Trainer(cfg, run_dir, ds_config_path, force_resume, verify_checksums).run()
+    return Trainer(cfg, run_dir, ds_config_path, force_resume, verify_checksums, resume_on_new_data).run()

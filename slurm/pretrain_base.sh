@@ -25,7 +25,7 @@
 # Output: %x-%j.out in the submit directory, appended to across restarts; events in RUN_DIR/logs/slurm_jobs.tsv.
 # Several nodes: MASTER_ADDR is the first node (it must resolve to an address the others reach); a requeued job shrunk
 # to fewer nodes resumes through the universal checkpoint; a dead rank fails the job (resubmit to resume). The
-# details, and how to shrink a waiting job: slurm/README.md, "Multi-node jobs".
+# details, and how to shrink a waiting job: docs/slurm.md, "Multi-node jobs".
 #SBATCH --job-name=eb-pretrain-base
 #SBATCH --nodes=8
 #SBATCH --ntasks-per-node=8

@@ -3,7 +3,7 @@ on the source so that they hold on every change:
 
 - size: no module over 700 lines, no class over 250, no function over 60 (a longer one is two things; split it) —
   declarations aside: a model config's `__init__` and an argument parser's are lists, not logic;
-- layering: the import graph reads one way (README, "Layout"): `common` at the bottom; `elasticbert` and `data_prep`
+- layering: the import graph reads one way (docs/layout.md): `common` at the bottom; `elasticbert` and `data_prep`
   on it; `pretrain` on those; `finetune` on `common` and `elasticbert` only; `demo/` (and `bench/`, `experiments/`) on
   top. No module imports a package of a later stage, nor one its stage does not use. Every import counts, including
   those inside functions, so a cycle cannot hide in one;

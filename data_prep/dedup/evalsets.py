@@ -61,7 +61,8 @@ def find_eval_files(dirs: Sequence[str | os.PathLike], splits: Sequence[str]) ->
     for d in dirs:
         root = Path(d).expanduser()
         if not root.is_dir():
-            raise DataPrepError(f"--eval-sets {d}: no such folder (a folder of TSV/JSONL evaluation files)")
+            found = "is a file, not a folder" if root.exists() else "no such folder"
+            raise DataPrepError(f"--eval-sets {d}: {found} (a folder of TSV/JSONL evaluation files)")
         mine = []
         for path in sorted(root.rglob("*")):
             rel = path.relative_to(root)

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from common.claims import Part
 from common.outputs import DEDUP_OUTPUT as DEDUP_KIND
 from common.outputs import Output, check_output
 
@@ -86,7 +87,7 @@ def dedup_corpus(
     if problems:
         raise DataPrepError("; ".join(problems))
     read = [("", str(i).partition("=")[2] or str(i)) for i in inputs] + [("--eval-sets", e) for e in eval_sets]
-    check_output(out, DEDUP_OUTPUT, read)
+    check_output(out, DEDUP_OUTPUT, read, part=Part.task(run.task_index, run.num_tasks))  # an array's tasks share it
     table = None
     if eval_sets and run.stage in ("all", "signatures", "write"):  # bad evaluation files fail now, not hours in
         table = load_eval_table(eval_sets, cfg.splits(), cfg.ngram, cfg.ngram_min)

@@ -188,7 +188,7 @@ ELUE_SCORE_DESCRIPTION = (
     "points; the benchmark score is the mean over tasks. Baseline/points files: JSON {name, source, tasks: "
     "{TASK: [{flops, score}, ...]}}, CSV task,flops,score[,system], or an early-exit result (as a baseline: the "
     "model's own static curve, and every score says so). FLOPs > 0 per sample, scores in [-100, 100]. See "
-    "finetune/score/elue.py and finetune/README.md."
+    "finetune/score/elue.py and docs/early_exit.md."
 )
 
 

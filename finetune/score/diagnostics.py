@@ -14,7 +14,7 @@ from common.hub import resolve_pretrained
 
 from ..data import EncodedSplit, forward_in_order, load_tokenizer, subsample
 from ..model import check_max_length, label_embeddings, load_finetuned, model_device, resolve_device
-from ..task_check import check_task_fits
+from ..task_check import check_data_fits, check_task_fits
 from ..tasks import DataError, load_split
 from .evaluation import task_for
 
@@ -39,6 +39,8 @@ def exit_embeddings(
     model = load_finetuned(model_dir, purpose="plotting them").eval().to(place)
     task = task_for(model, task_name)
     if note := check_task_fits(model.config, task, model_dir):  # another task's rows through this head: refused
+        print(f"finetune: note: {note}", file=sys.stderr, flush=True)
+    if note := check_data_fits(task, data_dir, [split], task_given=task_name is not None):
         print(f"finetune: note: {note}", file=sys.stderr, flush=True)
     if task.is_regression:
         raise DataError(f"task {task.name} is regression: it has no label embeddings to plot")

@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import ConfigError
-from common.io import read_object
+from common.io import path_problem, read_object
 
 from ..serve.early_exit.sweep import is_early_exit_result
 from ..tasks import DataError, get_task
@@ -288,8 +288,8 @@ def read_curve_file(path: str | Path, role: str = "points") -> CurveFile:
     """One baseline or points file (see the module docstring); `role`="baseline" reads an early-exit result's static
     curve, "points" its strategies (one system each)."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
+    if problem := path_problem(path):
+        raise DataError(f"{path}: {problem}")
     if path.suffix.lower() == ".csv":
         systems = _read_csv(path)
         return CurveFile(path, systems, " + ".join(systems), str(path), "points file")

@@ -20,8 +20,8 @@ from ..config import load_run_config
 from ..data import EncodedSplit, forward_in_order, load_tokenizer, subsample
 from ..model import check_max_length, exit_logits, load_finetuned, model_device, resolve_device
 from ..plots import plot_layer_curve
-from ..results import check_earlier_result, data_source, result_identity
-from ..task_check import check_task_fits
+from ..results import check_earlier_result, data_files, data_source, result_identity
+from ..task_check import check_data_fits, check_task_fits
 from ..tasks import DataError, Example, MissingSplitError, TaskSpec, get_task, load_split, predictions_from_outputs
 
 EVALUATION = Output(
@@ -115,20 +115,21 @@ def evaluate_model(
     """Score every exit on `split`, plot the curve, and write test predictions. Returns what dev_scores.json holds.
 
     `max_length` defaults to the training run's (RUN/run_config.json beside RUN/best), else 128. Exits that were
-    never trained are scored with a warning and listed under `untrained_exits`. A task whose labels the model's head
-    does not have is refused (`task_check`). An `output` holding the evaluation of another model or configuration is
-    refused unless `overwrite` (then its prediction files are replaced too); an `output` that is the model, inside
-    an input, or a folder another command wrote is refused (`common.outputs`). A run that fails leaves nothing it
-    created in `output` (not the folder either, when it made it) and never another model's dev_scores.json beside
-    its own files.
+    never trained are scored with a warning and listed under `untrained_exits`. A task the model's head does not fit,
+    or data of another task when the task was taken from the model, is refused (`task_check`). An `output` holding the
+    evaluation of another model, configuration or data (files' sha256) is refused unless `overwrite` (then its
+    prediction files are replaced too); so is an `output` that is the model, in an input or another command's folder
+    (`common.outputs`). A failed run leaves nothing it created, never another model's dev_scores.json beside its own.
     """
     check_counts(batch_size=batch_size, max_examples=max_examples)
     check_output(output, EVALUATION, [("--model", model_dir), ("--data-dir", data_dir)], overwrite)
     model_dir, model, max_length = _load_for_scoring(model_dir, device, max_length)
     task, exit_layer = _task_and_exit(model, model_dir, task_name, predict_exit)
+    specs, splits = companion_tasks(task), [split, "test"] if test else [split]
+    files = _checked_data(specs, data_dir, splits, task_given=task_name is not None)
     out_dir = Path(output)
     settings = dict(split=split, data_dir=data_source(data_dir), max_examples=max_examples, max_length=max_length)
-    identity = result_identity(model_dir, task=task.name, **settings)
+    identity = {**result_identity(model_dir, task=task.name, **settings), "data_files": files}
     if not overwrite:
         check_earlier_result(out_dir / "dev_scores.json", identity, "evaluation", "--overwrite to replace it")
     with removed_on_failure(out_dir):
@@ -143,7 +144,6 @@ def evaluate_model(
             "tasks": {},
         }
         tokenizer = load_tokenizer(model_dir)
-        specs = companion_tasks(task)
         for spec in specs:
             result["tasks"][spec.name] = _evaluate_task(
                 model, tokenizer, spec, data_dir, out_dir, split, max_examples, batch_size, max_length, len(specs) > 1
@@ -157,6 +157,17 @@ def evaluate_model(
             _remove_other_predictions(out_dir / "predictions", result)
         atomic_write_json(out_dir / "dev_scores.json", result)
     return result
+
+
+def _checked_data(
+    specs: list[TaskSpec], data_dir: str | None, splits: list[str], task_given: bool
+) -> dict[str, str] | None:
+    """The sha256 of every file of `splits` to be scored or predicted, once the rows are known to be the task's: a
+    folder or file of another task is refused unless --task named it (`check_data_fits`; then a note)."""
+    for spec in specs:
+        if note := check_data_fits(spec, data_dir, splits, task_given=task_given):
+            print(f"finetune: note: {note}", file=sys.stderr, flush=True)
+    return data_files(specs, data_dir, splits)
 
 
 def _load_for_scoring(

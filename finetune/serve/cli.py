@@ -23,26 +23,27 @@ from tqdm.auto import tqdm
 from common.cli import add_command, add_device, add_output, add_switch, add_threads, config_argument
 from common.errors import ConfigError
 from common.hub import resolve_pretrained
-from common.io import atomic_path, make_dirs, removed_on_failure, write_all
+from common.io import atomic_path, make_dirs, path_problem, removed_on_failure, write_all
 from common.outputs import Output, check_output, first_json_line_has
 from common.vocab import DEFAULT_MAX_UNK_FRACTION
 from elasticbert import ElasticBertConfig, save_early_exit
 from elasticbert.flops import sample_flops
 from elasticbert.fnlp_export import export_fnlp
-from elasticbert.loading import read_config
 from elasticbert.precision import Precision
 
 from ..model import resolve_device
 from ..task_check import check_measured_task
 from ..tasks import DataError
-from .early_exit.operating_point import chosen_setting, run_precision, split_spec
+from .early_exit.operating_point import chosen_setting, measured_elsewhere, run_precision, split_spec
 from .early_exit.rules import PREDICT_STRATEGIES
 from .inputs import STDIN, InputFormat, LineParser, TextInput, arriving_batches, read_inputs, resolve_format
+from .limits import number_problems, option_name
 from .loading import trained_max_length
 from .onnx_export import export_onnx
 from .onnx_runtime import RUNTIMES
 from .predict import EarlyExitClassifier
 from .predict_stream import PredictionStream
+from .stopping import ReadLines, StopGuard, Stopped
 from .verdicts import DEFAULT_MIN_READABLE_SHARE
 
 # -------------------------------------------------------------------------------------- predict, save-early-exit
@@ -199,13 +200,10 @@ def predict_inputs(args: argparse.Namespace) -> list[tuple[str, object]]:
 
 
 def option_problems(args: argparse.Namespace) -> list[str]:
-    """The numeric options outside their ranges, checked before anything loads."""
-    lows = {"batch_size": 1, "max_length": 1, "threads": 1, "max_wait": 0}
-    return [
-        f"--{name.replace('_', '-')} must be >= {low}, got {value}"
-        for name, low in lows.items()
-        if (value := getattr(args, name, None)) is not None and value < low
-    ]
+    """The numeric options outside their ranges (`limits`: nan, inf, negative, zero where meaningless), checked
+    before anything loads."""
+    names = ("batch_size", "max_length", "threads", "max_wait")
+    return number_problems({name: getattr(args, name, None) for name in names}, option_name)
 
 
 class Tally:
@@ -229,6 +227,11 @@ class Tally:
             self.layers.append(record["exit_layer"])
             self.flops.append(record["flops"])
             self.tokens.append(record["tokens"])
+
+    @property
+    def answered(self) -> int:
+        """Inputs answered (and written): classified or flagged."""
+        return len(self.layers) + sum(self.flagged.values())
 
     def unclassified(self) -> str:
         """'2 of 5 inputs were not classified (unknown-text 1, no-words 1): FILE:LINE: ...', or ''."""
@@ -266,15 +269,35 @@ class Tally:
 
 
 def predict_main(args: argparse.Namespace) -> int:
-    """`python -m finetune predict ...`"""
+    """`python -m finetune predict ...`; a stop signal (SIGTERM, Ctrl-C) ends it in one line (`stopping`)."""
     problems = option_problems(args)
     if problems:
         raise ConfigError(problems)
+    if args.input != "-" and (problem := path_problem(args.input)):
+        raise ConfigError(f"--input {args.input}: {problem}")
     fmt = resolve_format(args.input, args.format)
-    if args.input != "-" and not Path(args.input).is_file():
-        raise ConfigError(f"--input {args.input}: no such file")
     if args.output:
         check_output(args.output, PREDICTIONS, predict_inputs(args), args.overwrite)
+    tally, read = Tally(), ReadLines(STDIN if args.input == "-" else args.input, fmt == "tsv")
+    try:
+        with StopGuard() as guard:
+            classifier = _classifier(args)
+            seconds = _answer(args, classifier, fmt, read, tally, guard)
+    except BrokenPipeError:  # the reader of stdout went away (`| head`): nothing more to say
+        sys.stdout = None
+        return 0
+    except Stopped as stop:
+        print(f"predict: {read.stopped(stop, tally.answered, args.output)}", file=sys.stderr, flush=True)
+        return stop.exit_code
+    if tally.flagged:
+        note = "their records carry `flag` and `reason` instead of a label"
+        print(f"predict: note: {tally.unclassified()}; {note}", file=sys.stderr)
+    print(tally.summary(seconds, classifier), file=sys.stderr)
+    return 0
+
+
+def _classifier(args: argparse.Namespace) -> EarlyExitClassifier:
+    """The classifier `predict`'s options name (said on stderr)."""
     device = resolve_device(args.device) if args.runtime == "torch" else torch.device("cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -297,48 +320,38 @@ def predict_main(args: argparse.Namespace) -> int:
     )
     where = f"{device}" if args.runtime == "torch" else "ONNX Runtime (CPU)"
     print(f"predict: {args.model} on {where}; rule: {classifier.description}", file=sys.stderr, flush=True)
+    return classifier
+
+
+def _answer(
+    args: argparse.Namespace, classifier: EarlyExitClassifier, fmt: str, read: ReadLines, tally: Tally, guard: StopGuard
+) -> float:
+    """Answer every input of the file or stdin into the output (atomically to --output); the seconds it took."""
     columns = classifier.task.text_columns if classifier.task is not None else None
-    inputs = read_inputs(args.input, fmt, columns) if args.input != "-" else None  # checked whole, before any output
-    tally, start = Tally(), time.perf_counter()
-    stream = classifier.stream(max_wait=args.max_wait)
-    try:
-        with output_stream(args.output) as out:
-            if inputs is None:
-                parser = LineParser(fmt, STDIN, columns, stream=True)
-                _serve(stream, arriving_batches(sys.stdin.buffer, parser, args.batch_size), out, tally)
-            else:
-                chunks = ((inputs[i : i + CHUNK], False) for i in range(0, len(inputs), CHUNK))
-                with tqdm(
-                    total=len(inputs), unit="text", desc="predict", disable=not args.progress, file=sys.stderr
-                ) as bar:
-                    _serve(stream, chunks, out, tally, bar.update)
-            if not tally.layers:  # a file of emoji or of another script: no label is a meaningful answer
-                raise DataError(f"no input could be classified: {tally.unclassified()}{tally.hint()}")
-    except BrokenPipeError:  # the reader of stdout went away (`| head`): nothing more to say
-        sys.stdout = None
-        return 0
-    if tally.flagged:
-        note = "their records carry `flag` and `reason` instead of a label"
-        print(f"predict: note: {tally.unclassified()}; {note}", file=sys.stderr)
-    print(tally.summary(time.perf_counter() - start, classifier), file=sys.stderr)
-    return 0
-
-
-def _predict_file(
-    stream: PredictionStream, inputs: list[TextInput], out: BinaryIO, tally: Tally, progress: bool
-) -> None:
-    """A file's inputs, `CHUNK` at a time, with a progress bar."""
-    chunks = ((inputs[start : start + CHUNK], False) for start in range(0, len(inputs), CHUNK))
-    with tqdm(total=len(inputs), unit="text", desc="predict", disable=not progress, file=sys.stderr) as bar:
-        _serve(stream, chunks, out, tally, bar.update)
+    if args.input != "-":
+        read.inputs = read_inputs(args.input, fmt, columns)  # checked whole, before any output
+    start, stream = time.perf_counter(), classifier.stream(max_wait=args.max_wait)
+    with output_stream(args.output) as out:
+        write = partial(_write, out, tally, guard)
+        if read.inputs is None:
+            read.stream = sys.stdin.buffer
+            parser = LineParser(fmt, STDIN, columns, stream=True)
+            _serve(stream, arriving_batches(read, parser, args.batch_size), write)
+        else:
+            inputs = read.inputs
+            chunks = ((inputs[i : i + CHUNK], False) for i in range(0, len(inputs), CHUNK))
+            bar = tqdm(total=len(inputs), unit="text", desc="predict", disable=not args.progress, file=sys.stderr)
+            with bar:
+                _serve(stream, chunks, partial(write, progress=bar.update))
+        if not tally.layers:  # a file of emoji or of another script: no label is a meaningful answer
+            raise DataError(f"no input could be classified: {tally.unclassified()}{tally.hint()}")
+    return time.perf_counter() - start
 
 
 def _serve(
     stream: PredictionStream,
     batches: Iterable[tuple[list[TextInput], bool]],
-    out: BinaryIO,
-    tally: Tally,
-    progress: Callable[[int], None] | None = None,
+    write: Callable[[list[tuple[TextInput, dict]]], None],
 ) -> None:
     """Submit each batch (flushing the engine when the input is `quiet`: nothing more is waiting), write the answers
     that are ready in input order as they come, and everything at the end."""
@@ -347,22 +360,28 @@ def _serve(
             stream.submit(batch)
         if quiet:
             stream.flush()
-        _write(out, stream.ready(), tally, progress)
+        write(stream.ready())
     stream.flush()
-    _write(out, stream.ready(), tally, progress)
+    write(stream.ready())
 
 
 def _write(
-    out: BinaryIO, answered: list[tuple[TextInput, dict]], tally: Tally, progress: Callable | None = None
+    out: BinaryIO,
+    tally: Tally,
+    guard: StopGuard,
+    answered: list[tuple[TextInput, dict]],
+    progress: Callable[[int], None] | None = None,
 ) -> None:
     """Write the records' lines, every byte of them (`common.io.write_all`: a short write to a full disk is an error,
-    not a lost tail) and flushed (a stream's reader sees each answer at once)."""
+    not a lost tail) and flushed (a stream's reader sees each answer at once); a stop signal waits for the end of
+    the write (`stopping.StopGuard`), and the tally counts what was written."""
     if not answered:
         return
     inputs, records = zip(*answered)
     lines = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
-    write_all(out, lines.encode("utf-8"), getattr(out, "name", None))  # stdout's: `<stdout>`
-    tally.add(list(records), list(inputs))
+    with guard.writing():
+        write_all(out, lines.encode("utf-8"), getattr(out, "name", None))  # stdout's: `<stdout>`
+        tally.add(list(records), list(inputs))
     if progress is not None:
         progress(len(records))
 
@@ -405,6 +424,8 @@ def save_main(args: argparse.Namespace) -> int:
         raise ConfigError("pass --strategy (with --threshold), --operating-point RESULT.json[:RULE], or --clear")
     if point is not None:
         print(f"operating point: {point.describe()}", file=sys.stderr)
+    if note := measured_elsewhere(point, args.model, "it is saved into"):  # as `predict` notes it
+        print(f"finetune: note: {note}", file=sys.stderr, flush=True)
     if point is not None and point.task:  # another task's threshold never goes into this model's config
         recorded, note = check_measured_task(ElasticBertConfig.from_pretrained(args.model), point.task, args.model)
         if note:
@@ -434,17 +455,12 @@ copied. The directory is written beside OUTPUT and renamed when complete. See `e
 head fused in and the embeddings ahead of the first (fp32 and int8: per-channel weights, one activation scale per
 token) — with its tokenizer, its saved early-exit setting
 (`save-early-exit` first) and checksums, one directory to copy to a server; `predict --runtime onnxruntime` and
-`EarlyExitClassifier.from_pretrained(DIR, runtime="onnxruntime")` serve it with the same engine and rules. Needs
-`pip install '.[export]'` (onnx, onnxruntime). See `finetune.serve.onnx_export`.
+`EarlyExitClassifier.from_pretrained(DIR, runtime="onnxruntime")` serve it with the same engine and rules. Beside the
+pieces it writes onnx/early_exit.onnx and onnx/early_exit.int8.onnx: the whole early-exit model in one file each,
+the saved rule inside the graph, which any ONNX Runtime serves with no code of ours (Python, Node.js, C++; our own
+`predict` uses it at --batch-size 1): docs/onnx_single_file.md. Needs `pip install '.[export]'` (onnx, onnxruntime).
+See `finetune.serve.onnx_export` and `finetune.serve.onnx_single`.
 """
-
-
-def check_max_length_of_config(directory: Path, max_length: int) -> None:
-    """`--max-length` within what the model embeds (1..max_position_embeddings), before any export work."""
-    config = read_config(directory)
-    limit = int(config.get("max_sequence_length") or config.get("max_position_embeddings") or 512)
-    if not 1 <= max_length <= limit:
-        raise ConfigError(f"--max-length {max_length}: {directory} embeds 1..{limit} positions")
 
 
 EXPORT_EPILOG = """examples:
@@ -490,13 +506,14 @@ def export_main(args: argparse.Namespace) -> int:
     """`python -m finetune export ...`"""
     if args.layout == "onnx":
         directory = resolve_pretrained(args.model, what="--model")
-        max_length = args.max_length or trained_max_length(Path(directory))
-        check_max_length_of_config(directory, max_length)
+        max_length = args.max_length if args.max_length is not None else trained_max_length(Path(directory))
         manifest = export_onnx(directory, args.output, max_length=max_length, overwrite=args.overwrite)
         steps = manifest["pieces"]["steps"]["fp32"]
+        single = manifest["single_file"]
         print(
             f"exported {args.model} -> {args.output} (ONNX: {len(steps)} steps - layer, its exit, the embeddings "
-            f"ahead of the first - in fp32 and int8, exits {manifest['exit_layers']}, max_length {max_length})"
+            f"ahead of the first - in fp32 and int8, exits {manifest['exit_layers']}, max_length {max_length}; "
+            f"one-file early exit, rule {single['rule']}: {', '.join(single['files'].values())})"
         )
         return 0
     if args.max_length is not None:

@@ -5,7 +5,9 @@
   `question1`/`question2` or `question`/`sentence`; a single text as `text`, `sentence`, `text_a` or `sentence1`.
   Other fields are ignored, except `id`, which the prediction echoes;
 - `tsv`: a header row naming the text columns (the same names, or the columns of the task the model was fine-tuned
-  on, so GLUE/ELUE files read as they are), then tab-separated rows (no quoting, as GLUE's files).
+  on, so GLUE/ELUE files read as they are), then tab-separated rows (no quoting, as GLUE's files). A header with
+  another task's columns (QNLI's `question` before an SST-2 model, MNLI's `promptID`) is refused: the model would
+  read its own columns and drop the rest (`tasks.foreign_columns`).
 
 `--format auto` takes the format from the file's suffix (.txt/.text, .jsonl/.ndjson, .tsv); stdin is txt unless told.
 A malformed line is a `DataError` naming `FILE:LINE`; in a file an empty text is refused (a blank line is not a
@@ -27,7 +29,7 @@ from typing import Any, BinaryIO, Literal
 
 from common.io import parse_object
 
-from ..tasks import DataError
+from ..tasks import DataError, foreign_columns, tasks_reading
 
 InputFormat = Literal["auto", "txt", "jsonl", "tsv"]
 SUFFIXES = {".txt": "txt", ".text": "txt", ".jsonl": "jsonl", ".ndjson": "jsonl", ".tsv": "tsv"}
@@ -98,6 +100,14 @@ def text_columns(header: list[str], where: str, task_columns: Sequence[Sequence[
     """The positions of the text column(s) a TSV header names: the task's own columns first (when known), then the
     pairs and single texts of the module docstring."""
     lowered = [name.strip().lower() for name in header]
+    if task_columns and (foreign := foreign_columns(tasks_reading(task_columns), header)):
+        said = ", ".join(f"{column!r} ({' or '.join(owners)}'s)" for column, owners in foreign.items())
+        reads = " and ".join("|".join(names) for names in task_columns)
+        raise DataError(
+            f"{where}: header {header} has column{'s' if len(foreign) > 1 else ''} {said}: another task's data, and "
+            f"the model reads only {reads} (its task's text), so the rest would be dropped. Keep only the columns to "
+            "classify (e.g. `cut -f`), or use a model fine-tuned on that task"
+        )
     candidates = [tuple(tuple(names) for names in task_columns)] if task_columns else []
     candidates += [((a,), (b,)) for a, b in PAIR_FIELDS] + [((name,),) for name in SINGLE_FIELDS]
     for columns in candidates:

@@ -22,7 +22,7 @@ from ..model import load_finetuned
 from ..task_check import check_measured_task, model_task
 from ..tasks import TaskSpec
 from .early_exit.lte import LearnedExitHead
-from .early_exit.operating_point import OperatingPoint, chosen_setting, run_precision
+from .early_exit.operating_point import OperatingPoint, chosen_setting, measured_elsewhere, run_precision
 from .onnx_runtime import OnnxLayers
 
 
@@ -86,9 +86,15 @@ def load_served(
     point_length = choice.point.max_length if choice.point else None
     if place is None:
         model = OnnxLayers(directory, choice.precision, threads)
-        return model, max_length or point_length or model.max_length
+        return model, _first_given(max_length, point_length) or model.max_length
     model = _load(directory, full_model_only=not choice.rule.can_fire).to(place)
-    return model, max_length or point_length or trained_max_length(directory)
+    model.name_or_path = model.config._name_or_path = str(directory)  # as from_pretrained sets: messages name it
+    return model, _first_given(max_length, point_length) or trained_max_length(directory)
+
+
+def _first_given(*values: int | None) -> int | None:
+    """The first value that is not None (0 included: it is refused where it is checked, never taken for 'none')."""
+    return next((value for value in values if value is not None), None)
 
 
 def _load(directory: Path, full_model_only: bool) -> ElasticBertForSequenceClassification:
@@ -113,12 +119,9 @@ def task_of(
     if point is not None and point.task:
         if note := check_measured_task(model.config, point.task, directory)[1]:
             print(f"finetune: note: {note}", file=sys.stderr, flush=True)
-    if point is not None and point.model and Path(point.model).resolve() != Path(directory).resolve():
-        print(
-            f"finetune: note: the operating point was measured on {point.model}, predictions use {directory}",
-            file=sys.stderr,
-            flush=True,
-        )
+    source = model.manifest.get("source") if isinstance(model, OnnxLayers) else None  # an export: its model's sweep
+    if note := measured_elsewhere(point, directory, "predictions use", source):
+        print(f"finetune: note: {note}", file=sys.stderr, flush=True)
     return own_task(model)
 
 

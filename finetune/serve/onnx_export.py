@@ -30,6 +30,7 @@ re-exports it. Exporting needs `torch`, `onnx` and `onnxruntime` (the `export` e
 
 from __future__ import annotations
 
+import copy
 import io
 import math
 import shutil
@@ -62,6 +63,7 @@ from .onnx_graphs import (
     rename_output,
     static_reshapes,
 )
+from .onnx_single import SINGLE_FILES, SINGLE_FORMAT, Traced, rule_plan, single_file, single_metadata
 
 ONNX_DIR = "onnx"
 MANIFEST = f"{ONNX_DIR}/manifest.json"
@@ -260,14 +262,11 @@ def _int8_product(x: str, group: list, weights: dict) -> tuple[list, list]:
     return nodes, initializers
 
 
-def write_pieces(model: nn.Module, directory: Path) -> dict:
-    """The ONNX steps of `model` under `directory/onnx`, one per layer and precision: [embeddings →] layer → [exit];
-    returns the manifest's `pieces`."""
-    try:
-        import onnx
-    except ImportError as err:
-        raise ConfigError("export --layout onnx needs onnx and onnxruntime: pip install '.[export]'") from err
-    make_dirs(directory / ONNX_DIR)
+def trace_pieces(model: nn.Module) -> Traced:
+    """The model's pieces traced to ONNX: the embeddings, each layer (fp32, with constant reshape targets, and its
+    per-token int8 rewrite) and each exit head."""
+    import onnx
+
     ids = torch.ones(2, 8, dtype=torch.long)
     hidden = torch.randn(2, 8, model.config.hidden_size)
     embeddings = rename_output(
@@ -275,18 +274,33 @@ def write_pieces(model: nn.Module, directory: Path) -> dict:
         "hidden_out",
         "embedded",
     )
-    layers, exits = model.exit_layers[-1], set(model.exit_layers)
-    pieces: dict = {"steps": {"fp32": [], "int8": []}, "step_exits": [], "shared": [f"{ONNX_DIR}/{WORD_EMBEDDINGS}"]}
-    for index in range(layers):
-        layer = _export(_Layer(model, index), (hidden, ids), ["hidden", "mask"], ["hidden_out"])
-        layer = static_reshapes(layer)
-        exit_head = None
-        if index + 1 in exits:
+    layers: dict[str, list] = {"fp32": [], "int8": []}
+    exits = {}
+    for index in range(model.exit_layers[-1]):
+        layer = static_reshapes(_export(_Layer(model, index), (hidden, ids), ["hidden", "mask"], ["hidden_out"]))
+        layers["fp32"].append(layer)
+        layers["int8"].append(per_token_int8(layer))
+        if index + 1 in model.exit_layers:
             outputs = ["representation", "logits"]
-            traced = _export(_Exit(model, index + 1), (hidden, ids), ["hidden", "mask"], outputs)
-            exit_head = exit_on_rows(static_reshapes(traced))
-        for precision, graph in (("fp32", layer), ("int8", per_token_int8(layer))):
-            step = _step(embeddings if index == 0 else None, graph, exit_head, last=index + 1 == layers)
+            exits[index + 1] = static_reshapes(
+                _export(_Exit(model, index + 1), (hidden, ids), ["hidden", "mask"], outputs)
+            )
+    return Traced(embeddings, layers, exits, OPSET, embeddings.ir_version or onnx.IR_VERSION)
+
+
+def write_pieces(traced: Traced, directory: Path) -> dict:
+    """The ONNX steps of the `traced` model under `directory/onnx`, one per layer and precision: [embeddings →]
+    layer → [exit]; returns the manifest's `pieces`."""
+    import onnx
+
+    make_dirs(directory / ONNX_DIR)
+    count = len(traced.layers["fp32"])
+    pieces: dict = {"steps": {"fp32": [], "int8": []}, "step_exits": [], "shared": [f"{ONNX_DIR}/{WORD_EMBEDDINGS}"]}
+    for index in range(count):
+        exit_head = exit_on_rows(copy.deepcopy(traced.exits[index + 1])) if index + 1 in traced.exits else None
+        for precision in ("fp32", "int8"):
+            layer = traced.layers[precision][index]
+            step = _step(traced.embeddings if index == 0 else None, layer, exit_head, last=index + 1 == count)
             if index == 0:
                 table = externalize(step, WORD_EMBEDDINGS_WEIGHT, WORD_EMBEDDINGS)
                 if precision == "fp32":
@@ -295,6 +309,20 @@ def write_pieces(model: nn.Module, directory: Path) -> dict:
             pieces["steps"][precision].append(step_file(index, precision))
         pieces["step_exits"].append(index + 1 if exit_head is not None else None)
     return pieces
+
+
+def write_single_files(
+    traced: Traced, model: nn.Module, directory: Path, setting: EarlyExitSetting, lte_head: Any, max_length: int
+) -> dict:
+    """The one-file early-exit models (`onnx_single`), fp32 and int8, under `directory`; returns the manifest's
+    `single_file` entry."""
+    import onnx
+
+    plan = rule_plan(setting, model.config.num_labels, lte_head)
+    metadata = single_metadata(model.config, setting, plan, sorted(traced.exits), max_length)
+    for precision, name in SINGLE_FILES.items():
+        onnx.save(single_file(traced, precision, plan, model.config, metadata), str(directory / name))
+    return {"format": SINGLE_FORMAT, "files": dict(SINGLE_FILES), **metadata}
 
 
 def _step(embeddings: Any, layer: Any, exit_head: Any, last: bool) -> Any:
@@ -309,15 +337,41 @@ def _step(embeddings: Any, layer: Any, exit_head: Any, last: bool) -> Any:
     return step
 
 
-def export_onnx(model_dir: str | Path, output: str | Path, *, max_length: int, overwrite: bool = False) -> dict:
-    """Write `model_dir` (a fine-tuned RUN/best, typically after `save-early-exit`) as ONNX pieces at `output`, whole
-    or not at all (written beside it, renamed, sealed). Returns the manifest."""
+def check_export_length(config: dict, directory: Path, max_length: object) -> None:
+    """`--max-length` a whole number within what the model embeds (1..max_position_embeddings), before any work."""
+    limit = int(config.get("max_sequence_length") or config.get("max_position_embeddings") or 512)
+    whole = isinstance(max_length, int) and not isinstance(max_length, bool)
+    if not whole or not 1 <= max_length <= limit:
+        raise ConfigError(f"--max-length {max_length}: {directory} embeds 1..{limit} positions (tokens per input)")
+
+
+def export_onnx(
+    model_dir: str | Path,
+    output: str | Path,
+    *,
+    max_length: int,
+    overwrite: bool = False,
+    lte_head: Any = None,
+    setting: EarlyExitSetting | None = None,
+) -> dict:
+    """Write `model_dir` (a fine-tuned RUN/best, typically after `save-early-exit`) as ONNX pieces and the one-file
+    early-exit models at `output`, whole or not at all (written beside it, renamed, sealed). The one file's rule is
+    `setting` (default: the model's saved one, else static, the full model); `lte_head`: the `LearnedExitHead` of an
+    `lte` setting. Returns the manifest."""
     output = check_output(output, ONNX_OUTPUT, [("--model", model_dir)], overwrite)
     directory = Path(model_dir)
     raw = read_config(directory)
-    if raw.get("early_exit") is not None:  # a saved setting must be one a config can carry, before any work
-        EarlyExitSetting.from_dict(raw["early_exit"], source=f"{directory / 'config.json'}: early_exit")
+    check_export_length(raw, directory, max_length)
+    given = setting is not None and setting.strategy != "lte"  # the export's config.json then carries it
+    if setting is None:  # a saved setting must be one a config can carry, before any work
+        saved = raw.get("early_exit") or {"strategy": "static"}
+        setting = EarlyExitSetting.from_dict(saved, source=f"{directory / 'config.json'}: early_exit")
+    try:
+        import onnx  # noqa: F401
+    except ImportError as err:
+        raise ConfigError("export --layout onnx needs onnx and onnxruntime: pip install '.[export]'") from err
     model = load_finetuned(directory, require_trained=True, purpose="an early-exit export").eval()
+    setting.validated(model.config.num_labels, num_exits=len(model.exit_layers))
     manifest = {
         "format": FORMAT,
         "opset": OPSET,
@@ -335,9 +389,13 @@ def export_onnx(model_dir: str | Path, output: str | Path, *, max_length: int, o
             make_dirs(parent)
             with atomic_path(output) as tmp:
                 with torch.inference_mode(False), torch.no_grad():
-                    manifest["pieces"] = write_pieces(model, tmp)
+                    traced = trace_pieces(model)
+                    manifest["pieces"] = write_pieces(traced, tmp)
+                    manifest["single_file"] = write_single_files(traced, model, tmp, setting, lte_head, max_length)
                 atomic_write_json(tmp / MANIFEST, manifest)
                 shutil.copy2(directory / "config.json", tmp / "config.json")
+                if given:  # what the one file runs is the setting `predict` finds in the export
+                    atomic_write_json(tmp / "config.json", {**raw, "early_exit": setting.to_dict()})
                 copy_tokenizer_files(directory, tmp)
                 seal(tmp)
     except OSError as err:

@@ -17,6 +17,7 @@ cannot be legitimate, and a bit-rotted piece in it could not be told from a soun
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +31,14 @@ from elasticbert.configuration import ElasticBertConfig
 from elasticbert.exit_setting import PRECISIONS
 from elasticbert.layer_runner import EmbeddingInputs, LayerRunner, StepCost, StepOutput
 from elasticbert.loading import read_config
-from elasticbert.verification import checksum_verification, verify_model_directory
+from elasticbert.verification import CheckpointError, checksum_verification, verify_model_directory
 
 from .onnx_export import FORMAT, MANIFEST, OLD_FORMATS
 from .onnx_graphs import EXIT_ROWS
+from .onnx_one_file import ONE_FILE_MAX_BATCH, OneFileEngine, one_file_session, rule_feeds
 
 RUNTIMES = ("torch", "onnxruntime")
+UNVERIFIED = "--no-verify-checksums (predict) or verify_checksums=False (EarlyExitClassifier.from_pretrained)"
 
 
 def is_onnx_export(directory: str | Path) -> bool:
@@ -53,7 +56,7 @@ def read_manifest(directory: Path) -> dict:
         raise IntegrityError(  # no way to tell a bit-rotted piece from a sound one
             f"{directory / CHECKSUMS} is missing: `finetune export --layout onnx` seals every export it writes, so "
             "this one was copied in part or had its checksums removed, and its pieces cannot be verified; re-export "
-            "it, or load it anyway with --no-verify-checksums"
+            f"it, or load it anyway with {UNVERIFIED}"
         )
     verify_model_directory(directory)  # checksums.json (the export is sealed); --no-verify-checksums skips it
     manifest = read_object(directory / MANIFEST, ConfigError, "an ONNX export manifest")
@@ -125,12 +128,13 @@ class OnnxLayers(LayerRunner):
 
     def __init__(self, directory: str | Path, precision: str = "fp32", threads: int | None = None) -> None:
         try:
-            import onnxruntime as ort
+            import onnxruntime  # noqa: F401
         except ImportError as err:
             raise ConfigError("--runtime onnxruntime needs onnxruntime: pip install '.[serve]'") from err
         if precision not in PRECISIONS:
             raise ConfigError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
         self.directory = Path(directory)
+        self.verified = checksum_verification()  # (the one file opens later, outside a caller's verification block)
         manifest = read_manifest(self.directory)
         steps, step_exits = _steps(self.directory, manifest, precision)
         self.manifest, self.max_length = manifest, int(manifest.get("max_length") or 128)
@@ -143,23 +147,47 @@ class OnnxLayers(LayerRunner):
         self.step_cost = ONNX_STEP_COST
         self.threads = threads or torch.get_num_threads()
 
-        def session(name: str, threads: int = 1) -> Any:
-            options = _session_options(threads)
+        session = self._session
+        self.steps = [session(name) for name in steps]
+        self.parallel_steps = [session(name, self.threads) for name in steps] if self.threads > 1 else self.steps
+        self._one_file: tuple | None = None  # (session, the manifest's single_file), opened when first asked for
+        self.has_exit = [layer is not None for layer in step_exits]
+        self.outputs = [[o.name for o in s.get_outputs()] for s in self.steps]
+        self._rows = {n: np.array([n], dtype=np.int64) for n in (0, 1)}
+
+    def _session(self, name: str, threads: int = 1) -> Any:
+        import onnxruntime as ort
+
+        options = _session_options(threads)
+        options.log_severity_level = 3  # the one file's optional thresholds are noted as a warning: expected
+        try:
             return ort.InferenceSession(
                 str(self.directory / name),
                 options,
                 providers=["CPUExecutionProvider"],
                 disabled_optimizers=DISABLED_FUSIONS,
             )
-
-        self.steps = [session(name) for name in steps]
-        self.parallel_steps = [session(name, self.threads) for name in steps] if self.threads > 1 else self.steps
-        self.has_exit = [layer is not None for layer in step_exits]
-        self.outputs = [[o.name for o in s.get_outputs()] for s in self.steps]
-        self._rows = {n: np.array([n], dtype=np.int64) for n in (0, 1)}
+        except _runtime_errors() as err:  # a truncated piece under --no-verify-checksums: one line naming it
+            raise unloadable(self.directory, name, self.manifest, err, self.verified) from None
 
     def eval(self) -> OnnxLayers:
         return self
+
+    def one_file_engine(self, rule: Any, batch_size: int) -> OneFileEngine | None:
+        """The export's one file as the stream's engine for `rule` at `batch_size` (`onnx_one_file`), or None where
+        the per-layer queues serve: a batch size above `ONE_FILE_MAX_BATCH`, an export without the file, a rule the
+        file does not hold."""
+        if batch_size > ONE_FILE_MAX_BATCH:
+            return None
+        if self._one_file is None:
+            opened = one_file_session(self.directory, self.manifest, self.inference_precision, self._session)
+            self._one_file = opened or (None, None)
+        session, single = self._one_file
+        feeds = rule_feeds(single, rule) if session is not None else None
+        exits = self.exit_layers if rule.can_fire else self.exit_layers[-1:]
+        if feeds is None or tuple(single.get("exit_layers") or ()) != exits:
+            return None
+        return OneFileEngine(session, feeds, exits, batch_size)
 
     def step(
         self, index: int, inputs: torch.Tensor | EmbeddingInputs, mask: torch.Tensor, padded: bool, with_exit: bool
@@ -184,6 +212,36 @@ class OnnxLayers(LayerRunner):
             out.representation = torch.from_numpy(values["representation"])
             out.logits = torch.from_numpy(values["logits"])
         return out
+
+
+def _runtime_errors() -> tuple[type[Exception], ...]:
+    """The exceptions ONNX Runtime raises (its own classes, each a bare Exception)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    found = vars(state).values()
+    return tuple(v for v in found if isinstance(v, type) and issubclass(v, Exception) and "onnxruntime" in v.__module__)
+
+
+def unloadable(directory: Path, name: str, manifest: dict, err: Exception, verified: bool) -> CheckpointError:
+    """The refusal of a file of the export ONNX Runtime cannot load: the file (or, when its external data is at fault,
+    that file: the step-0 pieces read the shared word embeddings), ONNX Runtime's reason, and what to do; `verified`:
+    whether the export's checksums were checked when it was opened."""
+    text = str(err)
+    reason = re.sub(r"^\[ONNXRuntimeError\] : \d+ : |Load model from \S+ failed:|\S+\.cc:\d+ \S+ ", "", text)
+    reason = " ".join(reason.replace(" : ", ": ").split()).rstrip(".")[:300]
+    shared = (manifest.get("pieces") or {}).get("shared") or []
+    culprit = f"{directory / name}"
+    if "external" in text.lower() and shared:
+        culprit = f"{', '.join(str(directory / f) for f in shared)} (external data of {directory / name})"
+    if verified:
+        why = "the file passed its checksums, so this onnxruntime cannot read what the export wrote"
+    else:
+        why = "the file is truncated or damaged (loaded unverified: its checksums, which would name it, were skipped)"
+    source = manifest.get("source") or "RUN/best"
+    return CheckpointError(
+        f"{culprit}: ONNX Runtime cannot load it ({reason}): {why}; re-export it: "
+        f"python -m finetune export --layout onnx --model {source} --output {directory} --overwrite"
+    )
 
 
 def _array(tensor: torch.Tensor) -> np.ndarray:

@@ -35,6 +35,7 @@ The class is a face: the rule and model it loads are `loading.py`'s, the input j
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -48,6 +49,7 @@ from common.vocab import DEFAULT_MAX_UNK_FRACTION
 from elasticbert import EarlyExitSetting, ElasticBertForSequenceClassification
 from elasticbert.early_exit import ExitRule, LayerRunner, rule_for, serving_runner
 from elasticbert.precision import for_inference
+from elasticbert.verification import checksum_verification_as
 
 from ..data import load_tokenizer
 from ..model import check_max_length, model_device, resolve_device
@@ -57,6 +59,7 @@ from .early_exit.lte import LearnedExitHead
 from .early_exit.operating_point import OperatingPoint
 from .input_checks import InputChecks
 from .inputs import TextInput
+from .limits import number_problems
 from .loading import choose_rule, cpu_only, load_served, own_task, task_of, trained_max_length
 from .onnx_runtime import RUNTIMES, read_manifest
 from .predict_stream import PredictionStream
@@ -84,8 +87,8 @@ class EarlyExitClassifier:
         min_readable_share: float = DEFAULT_MIN_READABLE_SHARE,
     ) -> None:
         """`setting`: the rule's (default: static, the full model), or the rule `rule_for` made of one."""
-        if batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        if problems := number_problems({"batch_size": batch_size, "max_length": max_length}):
+            raise ConfigError(problems)
         self.checks = InputChecks(tokenizer, model.config.vocab_size, max_unk_fraction, min_readable_share)
         self.model, self.tokenizer = for_inference(model, precision), tokenizer
         self.runner, self.config = serving_runner(self.model), model.config  # GraphedLayers on a CUDA device
@@ -102,7 +105,7 @@ class EarlyExitClassifier:
         self.max_length, self.batch_size = max_length, batch_size
         self.task = task if task is not None else own_task(model)
         self.description = self.setting.describe()
-        check_max_length(model, max_length, getattr(model, "name_or_path", "model"))
+        check_max_length(model, max_length, getattr(model, "name_or_path", None) or "given")
 
     @classmethod
     def from_pretrained(
@@ -123,40 +126,45 @@ class EarlyExitClassifier:
         min_readable_share: float = DEFAULT_MIN_READABLE_SHARE,
         runtime: str = "torch",
         threads: int | None = None,
+        verify_checksums: bool | None = None,
     ) -> EarlyExitClassifier:
         """A fine-tuned model directory (RUN/best) or hub name, with the rule chosen as the module docstring says;
         `max_length` defaults to the operating point's, else the training run's (RUN/run_config.json), else 128;
         `precision` to the operating point's or saved setting's (what its threshold was chosen at), else fp32. The
         setting is checked once, as its rule is made, before the model loads. `runtime="onnxruntime"`: `path` is a
         `finetune export --layout onnx` directory, run by the same engine on ONNX Runtime (`threads`: its intra-op
-        threads, default torch's)."""
+        threads, default torch's). `verify_checksums=False` loads a directory that fails its checksums.json (as
+        `--no-verify-checksums` does; None: as `elasticbert.set_checksum_verification` says)."""
         if runtime not in RUNTIMES:
             raise ConfigError(f"unknown runtime {runtime!r} (choose from {', '.join(RUNTIMES)})")
+        if problems := number_problems({"batch_size": batch_size, "max_length": max_length, "threads": threads}):
+            raise ConfigError(problems)
         torch_runtime = runtime == "torch"
-        place = resolve_device(device) if torch_runtime else cpu_only(device)
-        directory = resolve_pretrained(path, what="--model") if torch_runtime else Path(path)
-        if not torch_runtime:
-            read_manifest(directory)  # verified before anything is read from it
-        overrides = {"patience": patience, "delta": delta}
-        on = place if torch_runtime else None
-        choice = choose_rule(directory, on, strategy, threshold, overrides, lte_head, operating_point, precision)
-        model, length = load_served(directory, choice, on, threads, max_length)
-        task = task_of(model, choice.point, directory)
-        if choice.point is not None and choice.point.task:  # compared once; the classifier keeps the model's own
-            choice.rule.setting = replace(choice.rule.setting, task=None)
-        classifier = cls(
-            model,
-            load_tokenizer(directory),
-            choice.rule,
-            max_length=length,
-            batch_size=batch_size,
-            task=task,
-            max_unk_fraction=max_unk_fraction,
-            precision=choice.precision,
-            min_readable_share=min_readable_share,
-        )
-        classifier.description = choice.describe(classifier.description)
-        return classifier
+        with checksum_verification_as(verify_checksums):  # every file it reads, whichever loader reads it
+            place = resolve_device(device) if torch_runtime else cpu_only(device)
+            directory = resolve_pretrained(path, what="--model") if torch_runtime else Path(path)
+            if not torch_runtime:
+                read_manifest(directory)  # verified before anything is read from it
+            overrides = {"patience": patience, "delta": delta}
+            on = place if torch_runtime else None
+            choice = choose_rule(directory, on, strategy, threshold, overrides, lte_head, operating_point, precision)
+            model, length = load_served(directory, choice, on, threads, max_length)
+            task = task_of(model, choice.point, directory)
+            if choice.point is not None and choice.point.task:  # compared once; the classifier keeps the model's own
+                choice.rule.setting = replace(choice.rule.setting, task=None)
+            classifier = cls(
+                model,
+                load_tokenizer(directory),
+                choice.rule,
+                max_length=length,
+                batch_size=batch_size,
+                task=task,
+                max_unk_fraction=max_unk_fraction,
+                precision=choice.precision,
+                min_readable_share=min_readable_share,
+            )
+            classifier.description = choice.describe(classifier.description)
+            return classifier
 
     @property
     def device(self) -> torch.device:
@@ -183,11 +191,18 @@ class EarlyExitClassifier:
             progress(len(records))
         return records
 
-    def stream(self, batch_size: int | None = None, max_wait: float | None = None) -> PredictionStream:
+    def stream(
+        self, batch_size: int | None = None, max_wait: float | None = None, one_file: bool = True
+    ) -> PredictionStream:
         """A `PredictionStream`: inputs submitted as they come, records handed out in input order, every layer call
         a full batch of `batch_size` rows (default: the classifier's) of whatever inputs reached that layer; a row
-        waits at most `max_wait` seconds for its batch to fill (default: until it fills or the stream flushes)."""
-        return PredictionStream(self, batch_size or self.batch_size, max_wait)
+        waits at most `max_wait` seconds for its batch to fill (default: until it fills or the stream flushes). On
+        ONNX Runtime at batch size 1 the export's one file serves instead (`onnx_one_file`; `one_file=False`: the
+        per-layer queues all the same)."""
+        if problems := number_problems({"batch_size": batch_size, "max_wait": max_wait}):
+            raise ConfigError(problems)
+        bound = None if max_wait is None or math.isinf(max_wait) else max_wait  # inf: no bound, as None
+        return PredictionStream(self, self.batch_size if batch_size is None else batch_size, bound, one_file)
 
 
 def _checked_rule(

@@ -37,10 +37,13 @@ from .verdicts import Verdict, character_verdict
 class PredictionStream:
     """Texts in, records out in input order, through one queue engine (see the module docstring)."""
 
-    def __init__(self, classifier: Any, batch_size: int, max_wait: float | None = None) -> None:
-        """`classifier`: the `predict.EarlyExitClassifier` whose runner, rule, tokenizer and checks serve."""
+    def __init__(self, classifier: Any, batch_size: int, max_wait: float | None = None, one_file: bool = True) -> None:
+        """`classifier`: the `predict.EarlyExitClassifier` whose runner, rule, tokenizer and checks serve; `one_file`:
+        the export's one file may serve (ONNX Runtime at batch 1: `onnx_one_file`), else always the queues."""
         self.classifier = classifier
-        self.engine = ExitQueues(classifier.runner, classifier.rule, batch_size, max_wait=max_wait)
+        engine_of = getattr(classifier.runner, "one_file_engine", None) if one_file else None
+        engine = engine_of(classifier.rule, batch_size) if engine_of is not None else None
+        self.engine = engine or ExitQueues(classifier.runner, classifier.rule, batch_size, max_wait=max_wait)
         self.finished: dict[int, dict] = {}  # position -> record, until every earlier input is answered
         self.inputs: dict[int, TextInput] = {}  # position -> input, until its record is handed out
         self.position_of: dict[int, int] = {}  # engine slot -> position

@@ -204,6 +204,7 @@ def _main(args: argparse.Namespace) -> int:
         changed = sorted(k for k, v in sources.items() if v.startswith("-"))
         print(f"{args.config}: overridden on the command line: {', '.join(changed) or 'nothing'}", file=sys.stderr)
     read = [("--model", cfg.model.path), ("--tokenizer", cfg.model.tokenizer), ("--data-dir", cfg.data.dir)]
+    read += [("--ds-config", cfg.train.ds_config)]
     check_run_dir(Path(args.output), args.overwrite, [*read, ("--config", args.config)])
     try:
         summary = run_training(cfg, args.output, args.overwrite, sources)

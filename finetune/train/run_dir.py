@@ -3,7 +3,8 @@ an interrupted attempt):
 
 - finished: `best/` or `dev_scores.json` is there. Refused unless `--overwrite` (which replaces the run's files and
   nothing else in the directory).
-- running: another process holds the run's lock (RUN/locks/rank0.lock). Always refused.
+- running: another process holds the run directory's claim (`common.claims`: RUN's sibling `.RUN.claim/`). Always
+  refused, naming it; a dead holder's claim is taken over with a note.
 - preempted: `resume/latest` names a resume checkpoint (a run stopped by SIGTERM / SIGUSR1, `checkpoint.py`). The
   same command resumes it, keeping its files; with `--overwrite` it is discarded and training starts over.
 - interrupted: `run_config.json` without `best/` or `dev_scores.json` and no committed resume checkpoint (a run
@@ -19,14 +20,7 @@ from pathlib import Path
 
 from common.dist import resolve_env
 from common.outputs import FINETUNE_RUN, Output, check_output
-from common.run_dir import (
-    RunLock,
-    clear_run_files,
-    in_use,
-    lock_holder,
-    prepare_run_dir,
-    refuse_finished,
-)
+from common.run_dir import RunLock, clear_run_files, prepare_run_dir, refuse_finished
 
 from .checkpoint import RESUME, ResumePoint
 
@@ -38,19 +32,22 @@ LEFTOVERS = (".best.tmp*",)  # a best/ being written when its process died
 
 
 RUN_OUTPUT = Output(
-    "finetune train", "a fine-tuning run directory", folder=True, exclusive=True, accepts=(FINETUNE_RUN,)
+    "finetune train",
+    "a fine-tuning run directory",
+    folder=True,
+    exclusive=True,
+    accepts=(FINETUNE_RUN,),
+    writes=RUN_FILES + RUN_DIRS,
 )
 
 
 def check_run_dir(run_dir: Path, overwrite: bool, inputs: Iterable[tuple[str, object]] = ()) -> None:
     """Refuse, before anything is loaded, a finished run (unless `overwrite`) or a running one, and a run directory
     that is a file, another command's folder (a model directory, a pre-training run, ...), one of the run's `inputs`
-    (model, tokenizer, data), inside one, or holding one (`common.outputs`: a run's files there may be replaced);
-    changes nothing."""
+    (model, tokenizer, data, config files), inside one, or holding one, or one holding a file of the run's names that
+    no run wrote (`common.outputs`: a run's files there may be replaced). Inside the command the run directory is
+    claimed from here on (`common.claims`); nothing else changes."""
     check_output(run_dir, RUN_OUTPUT, inputs, overwrite)
-    holder = lock_holder(run_dir)
-    if holder is not None:
-        raise in_use(run_dir, WHO, holder)
     refuse_finished(run_dir, FINISHED, overwrite)
 
 

@@ -50,6 +50,7 @@ from ..config import DataConfig, FinetuneConfig, save_run_config
 from ..data import UNK_SAMPLE, EncodedSplit, check_vocabulary_fits, load_tokenizer, subsample, unk_counts, unk_refusal
 from ..model import build_model, freshly_initialised_exits, model_device, resolve_device, set_frozen
 from ..plots import plot_layer_curve
+from ..results import with_data_files
 from ..score.evaluation import per_exit_scores, predict_exits
 from ..tasks import Example, TaskSpec, get_task, load_split
 from .acl_grad import gated_backward
@@ -351,7 +352,7 @@ class Trainer:
                 self.model.save_pretrained(best_dir)
                 self.tokenizer.save_pretrained(best_dir)
                 seal(best_dir)  # checked whenever the model is loaded (evaluate, predict, early exit)
-            atomic_write_json(self.run_dir / "dev_scores.json", summary)
+            atomic_write_json(self.run_dir / "dev_scores.json", with_data_files(summary, self.task, self.cfg.data.dir))
         except (OSError, SafetensorError) as err:  # the temporaries are gone: nothing that looks complete
             reason = getattr(err, "strerror", None) or err
             raise RunWriteError(

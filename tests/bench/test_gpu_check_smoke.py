@@ -30,9 +30,10 @@ def test_gpu_check_fast_runs_on_the_cpu_and_ends_with_the_table(tmp_path):
     assert overhead["precision"] == "bf16" and overhead["ratio"] > 0
     assert overhead["syncs"]["trainer"]["per_step"]["trainer"] == [1, 1]  # the one read of the step's sums
     assert "pretrain" not in results and "early_exit" not in results  # --fast: no model bench
-    assert {name for name, _, code in results["parts"] if code == 0} == {"corpus", "tests", "overhead"}
+    assert {name for name, _, code in results["parts"] if code == 0} == {"corpus", "tests", "overhead", "onnx-cuda"}
+    assert json.loads((out / "onnx_cuda.json").read_text())["rows"]  # the one-file ONNX part ran (CPU provider)
     table = (out / "gpu_check.md").read_text().strip().splitlines()
-    assert table[-1].startswith("| part: overhead | pass")  # the report ends with the table
+    assert table[-1].startswith("| part: onnx-cuda | pass")  # the report ends with the table
     rows = "\n".join(table)
     assert "| preflight on this node (pretrain preflight) | pass |" in rows
     assert "| trainer step ÷ model step (bf16, h64 L4, seq 64, micro 4 x 2) |" in rows
@@ -43,7 +44,9 @@ def test_gpu_check_fast_runs_on_the_cpu_and_ends_with_the_table(tmp_path):
 def test_gpu_check_modes_and_a_wrong_option():
     fast = subprocess.run(["bash", SCRIPT, "/unused", "--fast", "--list"], capture_output=True, text=True, timeout=30)
     full = subprocess.run(["bash", SCRIPT, "/unused", "--list"], capture_output=True, text=True, timeout=30)
-    assert fast.stdout.strip() == "gpu_check fast on cuda: corpus tests overhead report"
-    assert full.stdout.strip() == "gpu_check full on cuda: corpus fused-adam-build tests overhead model-bench report"
+    assert fast.stdout.strip() == "gpu_check fast on cuda: corpus tests overhead onnx-cuda report"
+    assert full.stdout.strip() == (
+        "gpu_check full on cuda: corpus fused-adam-build tests overhead onnx-cuda model-bench report"
+    )
     wrong = subprocess.run(["bash", SCRIPT, "/unused", "--quick"], capture_output=True, text=True, timeout=30)
     assert wrong.returncode == 2 and "unknown option --quick" in wrong.stderr

@@ -292,9 +292,8 @@ def test_the_driver_is_read_from_nvidia_smi_and_anything_unreadable_is_unknown(t
     assert query_driver() == driver
 
 
-def test_every_build_of_the_table_is_in_the_readmes_gpu_section():
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## GPU nodes") :]
+def test_every_build_of_the_table_is_in_the_docs_gpu_page():
+    section = (REPO / "docs" / "gpu.md").read_text()
     for name in BUILDS:
         assert f"`{name}`" in section
         assert f"--index-url {INDEX}/{name}" in section or name != "cu126"

@@ -117,7 +117,7 @@ def test_a_running_run_is_refused_and_a_killed_one_does_not_stay_locked(tmp_path
         assert holder.stdout.readline().strip() == "held"
         for extra in ([], ["--overwrite"]):  # --overwrite never replaces a running run
             err = error_of(capsys, train_argv(glue, run, *extra))
-            assert f"{run} is in use by another `finetune train`: pid {holder.pid} on host" in err
+            assert f"--output {run} is being written by another process: pid {holder.pid} on host" in err
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()

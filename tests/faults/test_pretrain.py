@@ -178,8 +178,8 @@ def test_a_second_trainer_on_the_same_run_directory_is_refused(killed_saves):
     start event, no metrics). Attempt 2 started right after attempt 1's SIGKILL: the lock was not stuck."""
     r = killed_saves["second_trainer"]
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert f"is in use by another trainer: pid {killed_saves['first_pid']} on host {socket.gethostname()}" in r.stderr
-    assert f"{killed_saves['run'] / 'locks' / 'rank0.lock'}" in r.stderr
+    holder = f"is being written by another process: pid {killed_saves['first_pid']} on host {socket.gethostname()}"
+    assert holder in r.stderr and f"{killed_saves['run'].parent / '.run.claim' / '0'}" in r.stderr
     assert len(_events(killed_saves["run"], "start")) == 4  # the four attempts, not the refused trainer
 
 

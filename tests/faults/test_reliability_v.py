@@ -391,10 +391,10 @@ def test_dedup_and_tokenize_refuse_a_binary_file_and_count_latin1(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"note: {french}: 350 characters U+FFFD after decoding" in r.stdout
     report = json.loads((tmp_path / "d3" / "dedup_report.json").read_text())
-    assert report["text_faults"] == {french: [350, 0]}
+    assert report["text_faults"] == {french: [350, 0, 0]}
     r = data_prep("tokenize", plain, french, "--output", str(tmp_path / "t3"), "--tokenizer", vocab, "--no-progress")
     assert r.returncode == 0 and f"note: {french}: 350 characters U+FFFD" in r.stdout, r.stderr
-    assert json.loads((tmp_path / "t3" / "manifest.json").read_text())["text_faults"] == {french: [350, 0]}
+    assert json.loads((tmp_path / "t3" / "manifest.json").read_text())["text_faults"] == {french: [350, 0, 0]}
 
 
 # ------------------------------------------------------------------------------------------ class 4: unsealed

@@ -2,7 +2,7 @@
 
 `finetune train --model MiniLM --task SST-2 --exits --method 2st --exit-type mha --epochs 1 --max-train-examples 2000`
 with the old default (exit heads at the backbone's 2e-5) scored the majority class at every exit (50.9 % on the full
-dev set); with the default exit lr 1e-3 it scores 69.7 / 74.0 / 77.3 / 76.7 / 77.4 / 79.9 % (finetune/README.md).
+dev set); with the default exit lr 1e-3 it scores 69.7 / 74.0 / 77.3 / 76.7 / 77.4 / 79.9 % (docs/finetuning.md).
 At CI size - the same command on the same 2,000 training rows, sequences cut at 40 tokens, scored on 300 dev rows -
 it measured 70.0 / 72.0 / 76.3 / 75.3 / 76.0 / 78.0 % against a majority class of 55.0 %. The bars: every exit at
 least 8 points above the majority class of the scored rows (about 3 standard errors at n = 300), the last exit at

@@ -211,3 +211,26 @@ def onnx_spread(classifier, mha_classifier, tmp_path_factory):
         export_onnx(model_dir, export, max_length=128)
         out[kind] = (model, export)
     return out
+
+
+@pytest.fixture(scope="session")
+def single_file_export(onnx_models, sst2_dev, tmp_path_factory):
+    """(model, export, setting): the conditioned MHA model exported with an int8 entropy setting at a threshold in
+    the widest gap of its first exit's entropies on `sst2_dev` (rows leave at several exits): its one files
+    (`finetune.serve.onnx_single`) hold that rule, its config.json the setting."""
+    from dataclasses import replace
+
+    from thresholds import threshold_in_widest_gap
+
+    from elasticbert.exit_setting import EarlyExitSetting
+    from finetune.serve.onnx_export import export_onnx
+
+    model = onnx_models["mha"][0]
+    with torch.no_grad():
+        out = model(sst2_dev.input_ids, attention_mask=sst2_dev.attention_mask, token_type_ids=sst2_dev.token_type_ids)
+    tau = threshold_in_widest_gap(entropy_nats(exit_logits(out)[0]))
+    setting = replace(EarlyExitSetting("entropy", tau), precision="int8")
+    directory = _save_classifier(model, tmp_path_factory.mktemp("entropy_model"), finetuning_task="SST-2")
+    export = tmp_path_factory.mktemp("entropy_onnx") / "export"
+    export_onnx(directory, export, max_length=128, setting=setting)
+    return model, export, setting

@@ -13,7 +13,7 @@ from common.errors import ConfigError
 from elasticbert import precision as precision_module
 from elasticbert.early_exit import entropy_nats
 from elasticbert.masks import attention_mask_for_sdpa
-from elasticbert.precision import for_inference, model_precision, precision_problem
+from elasticbert.precision import PerTokenInt8Linear, for_inference, model_precision, precision_problem
 from finetune.__main__ import main
 from finetune.data import EncodedSplit, load_tokenizer
 from finetune.model import load_finetuned
@@ -23,8 +23,8 @@ from finetune.serve.predict import EarlyExitClassifier
 from finetune.tasks import get_task, load_split
 
 
-def _dynamic_linears(model):
-    return [m for m in model.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
+def _int8_linears(model):
+    return [m for m in model.modules() if isinstance(m, PerTokenInt8Linear)]
 
 
 def _reference(model, ids, mask, types, tau):
@@ -48,9 +48,11 @@ def test_int8_engine_equals_its_per_layer_reference(kind, classifier, mha_classi
     int8 = for_inference(model, "int8")
     assert model_precision(int8) == "int8" and model_precision(model) == "fp32"
     linears = [m for m in model.elasticbert.encoder.layer.modules() if type(m) is nn.Linear]
-    assert len(_dynamic_linears(int8)) == len(linears) > 0  # the encoder's linear layers; the exit heads stay fp32
-    assert not _dynamic_linears(int8.exits)
-    assert not _dynamic_linears(model), "the fp32 model passed in must stay as it was"
+    assert len(linears) == 6 * len(model.elasticbert.encoder.layer)  # query, key, value as one product below
+    assert len(_int8_linears(int8)) == 4 * len(int8.elasticbert.encoder.layer)  # the exit heads stay fp32
+    assert not [m for m in int8.elasticbert.encoder.layer.modules() if type(m) is nn.Linear]
+    assert not _int8_linears(int8.exits)
+    assert not _int8_linears(model), "the fp32 model passed in must stay as it was"
     with torch.inference_mode():
         out = int8(sst2_dev.input_ids, attention_mask=sst2_dev.attention_mask, token_type_ids=sst2_dev.token_type_ids)
     entropies = torch.cat([entropy_nats(lg) for lg in out.exit_logits[:-1]])

@@ -2,7 +2,7 @@
 (tests/support/fake_cuda.py: torch.cuda's public functions, torch.version, a stub nvidia-smi) drive the build check,
 `DeviceCaps.detect`, the precision choice, the DeepSpeed config, the preflight, DeepSpeed's op build for the node's
 own arch, and the trainer's set-up up to the engine; and a trace of the library's lines, on the CPU and under each
-fake, proves which lines only a GPU runs and that the fakes run every one of them (README, "GPU nodes")."""
+fake, proves which lines only a GPU runs and that the fakes run every one of them (docs/gpu.md)."""
 
 from __future__ import annotations
 
@@ -460,9 +460,9 @@ def test_every_gpu_only_line_of_the_library_runs_under_the_fakes(tmp_path, corpu
     assert not never, "lines naming CUDA that neither the CPU nor the fakes run:\n" + "\n".join(
         f"{f}:{n}: {(REPO / f).read_text().splitlines()[n - 1].strip()}" for f, n in never
     )
-    readme = (REPO / "README.md").read_text()
-    claim = re.search(r"\*\*(\d+) lines of the library run only on a GPU\*\*", readme)
+    page = (REPO / "docs" / "gpu.md").read_text()
+    claim = re.search(r"\*\*(\d+) lines of the library run only on a GPU\*\*", page)
     assert claim and int(claim.group(1)) == len(gpu_only) + len(KERNEL_LINES), (
-        f"README says {claim.group(1) if claim else 'nothing'}; measured {len(gpu_only)} + {len(KERNEL_LINES)}:\n"
+        f"docs/gpu.md says {claim.group(1) if claim else 'nothing'}; measured {len(gpu_only)} + {len(KERNEL_LINES)}:\n"
         + "\n".join(f"{f}:{n}" for f, n in sorted(gpu_only))
     )

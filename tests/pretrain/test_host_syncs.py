@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 from bench.host_syncs import count_host_syncs  # noqa: E402
 from bench.trainer_overhead import synthetic_corpus  # noqa: E402
 
-# what DeepSpeed 0.19.8's ZeRO-1 step still reads on the host with our config (README, "GPU nodes"): the validity of
+# what DeepSpeed 0.19.8's ZeRO-1 step still reads on the host with our config (docs/gpu.md): the validity of
 # the gradient norm before clipping, once per parameter group (2: decay / no decay), plus, in fp32, once before the
 # step; nothing else (its throughput timer's synchronize and bf16's overflow check are configured off)
 DEEPSPEED_SYNCS = {"bf16": 2, "fp32": 3}

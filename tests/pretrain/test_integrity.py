@@ -142,14 +142,15 @@ def test_the_run_directory_lock_between_two_processes(tmp_path):
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(RunDirError) as e:
             RunLock.acquire(tmp_path, env)
-        assert f"pid {holder.pid} on host {socket.gethostname()} (rank 0 of 1" in str(e.value)
-        assert str(tmp_path / "locks" / "rank0.lock") in str(e.value) and "another --output" in str(e.value)
-        other_rank = RunLock.acquire(tmp_path, DistEnv(1, 2, 1, "127.0.0.1", 1, "torchrun"))  # its own file
-        other_rank.release()
+        assert f"is in use by another trainer: pid {holder.pid} on host {socket.gethostname()} (" in str(e.value)
+        claim = tmp_path.parent / f".{tmp_path.name}.claim" / "0"  # the run directory's claim (common.claims)
+        assert str(claim) in str(e.value) and "another --output" in str(e.value)
+        with pytest.raises(RunDirError):  # rank 1 of another job: the holder is no rank of it
+            RunLock.acquire(tmp_path, DistEnv(1, 2, 1, "127.0.0.1", 1, "torchrun"))
         os.kill(holder.pid, signal.SIGKILL)
         holder.wait(timeout=30)
         lock = RunLock.acquire(tmp_path, env)  # not stuck: the kernel released the dead holder's flock
-        info = json.loads((tmp_path / "locks" / "rank0.lock").read_text())
+        info = json.loads(claim.read_text())
         assert info["pid"] == os.getpid() and info["host"] == socket.gethostname()
         lock.release()
     finally:

@@ -17,6 +17,7 @@ sweep used, the precision it ran at) plus what the sweep measured of it and the 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -48,6 +49,7 @@ class OperatingPoint:
     model: str | None = None
     task: str | None = None
     source: str = ""
+    model_dir: str | None = None  # the sweep's model folder, resolved when it ran (its result's identity)
 
     def describe(self) -> str:
         """One line for the log: the point, where it came from, and what it costs and scores against the full model."""
@@ -237,7 +239,28 @@ def choose_operating_point(spec: str, strategy: str | None = None) -> OperatingP
         model=result.get("model"),
         task=result.get("task"),
         source=f"{path} ({rule})",
+        model_dir=(result.get("identity") or {}).get("model_dir") if isinstance(result.get("identity"), dict) else None,
     )
+
+
+def measured_elsewhere(point: OperatingPoint | None, directory: str | Path, use: str, *same: object) -> str | None:
+    """The note `predict` and `save-early-exit` print when `point` was swept on another model than `directory` (or
+    the models `same` names: an export's source): its threshold was chosen on that model's confidences. Folders are
+    compared by what they are (device and inode: a symbolic link, a bind mount, `..`), not how they are spelled."""
+    if point is None or not point.model:
+        return None
+    ours = [directory, *(s for s in same if s)]
+    theirs = [p for p in (point.model_dir, point.model) if p]
+    if any(_same_folder(a, b) for a in theirs for b in ours):
+        return None
+    return f"the operating point was measured on {point.model}, {use} {directory}"
+
+
+def _same_folder(a: object, b: object) -> bool:
+    try:
+        return os.path.samefile(str(a), str(b))
+    except OSError:  # one is gone (or a hub name): by their resolved spelling
+        return Path(str(a)).resolve() == Path(str(b)).resolve()
 
 
 def _num_labels(result: Mapping) -> int | None:
