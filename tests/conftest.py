@@ -14,6 +14,7 @@
 
 import gc
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -28,6 +29,9 @@ sys.path.insert(0, str(Path(__file__).parent / "support"))
 # in-process and a run in a subprocess still use the same thread count (their sums depend on it).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # An xdist worker ignores SIGINT (execnet), and an ignored signal stays ignored across exec: every command a test
+    # starts would then shrug off the Ctrl-C that the interrupt tests send it. Python's own handler is reset at exec.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # The venv's tools first (its ninja, not Debian's: the two discard each other's build log, so DeepSpeed's CPU ops
 # would be rebuilt whenever a run inside Slurm follows one outside it, or the other way round).
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
