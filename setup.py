@@ -49,6 +49,7 @@ setup(
             "onnx",
             "pytest",
             "pytest-timeout",
+            "pytest-xdist",  # `make test` runs the suite on two workers (tests/conftest.py: SuiteScheduling)
             "setuptools>=70.1",  # tests/test_install.py builds the package: bdist_wheel is built in from 70.1
             "ruff",
             "mkdocs",  # the documentation site (`make docs`, tests/test_docs.py: a broken link fails)

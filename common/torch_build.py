@@ -12,7 +12,11 @@ driver can compile for a later GPU. What the pinned torch (2.13) offers, from th
 
 `plan_build` picks one from the capabilities `nvidia-smi --query-gpu=compute_cap` reports (the oldest GPU decides on
 a mixed node) and the driver version; `python -m common.torch_build_cli plan` prints it with the pip command that
-installs it (the Makefile's `install` runs that command). At run time `build_problem` refuses a torch whose
+installs it (the Makefile's `install` runs that command). The command names the PyTorch wheel index of the build
+(`TORCH_INDEX_URL` replaces https://download.pytorch.org/whl, e.g. by a mirror of it); `choose_index` first asks that
+index once, with a few seconds' timeout, and when it does not answer (a cluster that reaches only a PyPI mirror) the
+command installs from pip's configured index instead (pip.conf, PIP_INDEX_URL) and says so in one line, rather than
+pip retrying the unreachable index for minutes. At run time `build_problem` refuses a torch whose
 kernels do not cover the GPU before any rank starts work: on a V100 the CUDA 13 build would otherwise fail at the
 first kernel with "no kernel image is available for execution on the device", after every rank had imported and
 rendezvoused.
@@ -23,15 +27,22 @@ this file with the system Python before any virtual environment exists.
 
 from __future__ import annotations
 
+import os
 import shutil
+import ssl
 import subprocess
 import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .errors import UserError
 
 TORCH_VERSION = "2.13.0"  # the version constraints.txt's stack was tested with (installed first, on its own)
-WHEEL_INDEX = "https://download.pytorch.org/whl"
+WHEEL_INDEX = "https://download.pytorch.org/whl"  # TORCH_INDEX_URL replaces it; each build is a folder of it
+PROBE_TIMEOUT_S = 5.0  # one request to the wheel index: unanswered this long, pip's configured index is used
 SM70 = (7, 0)
 
 
@@ -43,13 +54,27 @@ class Build:
     cuda: str | None  # torch.version.cuda of the build
     min_capability: tuple[int, int] | None  # oldest GPU with kernels in it (None: no GPU code at all)
     min_driver: int | None  # the NVIDIA driver's major version it needs
+    # The local version label pip must match on an index other than PyTorch's (a PyPI mirror): '' where PyPI's
+    # default wheel runs too (cu130 is that wheel; the cpu build is preferred when the index has it, `+cpu` sorting
+    # above the bare version, and PyPI's CUDA wheel also runs on a CPU); '+cu126' where it does not (no sm_70 in the
+    # default wheel): pip then fails naming the missing build instead of installing one that cannot run on a V100.
+    mirror_label: str = ""
 
-    def pip_command(self, python: str = "python", version: str = TORCH_VERSION) -> list[str]:
-        return [python, "-m", "pip", "install", f"torch=={version}", "--index-url", f"{WHEEL_INDEX}/{self.name}"]
+    def pip_command(
+        self, python: str = "python", version: str = TORCH_VERSION, index: str | None = WHEEL_INDEX
+    ) -> list[str]:
+        """The pip command that installs this build from the PyTorch wheel index at `index` (its folder for this
+        build), or with `index=None` from pip's configured index (the version pinned with `mirror_label`)."""
+        if index is None:
+            return [python, "-m", "pip", "install", f"torch=={version}{self.mirror_label}"]
+        return [python, "-m", "pip", "install", f"torch=={version}", "--index-url", self.index_url(index)]
+
+    def index_url(self, index: str = WHEEL_INDEX) -> str:
+        return f"{index.rstrip('/')}/{self.name}"
 
 
 BUILDS = {
-    "cu126": Build("cu126", "12.6", (5, 0), 525),
+    "cu126": Build("cu126", "12.6", (5, 0), 525, mirror_label="+cu126"),
     "cu130": Build("cu130", "13.0", (7, 5), 580),
     "cpu": Build("cpu", None, None, None),
 }
@@ -72,6 +97,61 @@ class GpuInventory:
 class BuildPlan:
     build: Build
     reason: str
+
+
+@dataclass(frozen=True)
+class IndexChoice:
+    """Where pip gets torch from: the PyTorch wheel index at `index`, or (None) pip's configured index, with the one
+    line that says why (None when the wheel index answered)."""
+
+    index: str | None
+    note: str | None = None
+
+
+def probe_index(url: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why `url` cannot be fetched (None: it answered with a page), after ONE request bounded by `timeout` seconds
+    in all (name lookup included: it runs in a thread that is abandoned when late). Proxies from the environment
+    (https_proxy, no_proxy) as pip uses them; the CA bundle pip is told to use (PIP_CERT) when set."""
+    found: list[str | None] = []
+
+    def fetch() -> None:
+        cafile = os.environ.get("PIP_CERT") or None
+        try:
+            context = ssl.create_default_context(cafile=cafile) if url.startswith("https:") else None
+            with urllib.request.urlopen(url, timeout=timeout, context=context) as response:
+                found.append(None if response.status < 400 else f"HTTP {response.status}")
+        except urllib.error.HTTPError as e:
+            found.append(f"HTTP {e.code}")
+        except urllib.error.URLError as e:
+            found.append(str(e.reason))
+        except (OSError, ValueError, ssl.SSLError) as e:
+            found.append(str(e) or type(e).__name__)
+
+    worker = threading.Thread(target=fetch, daemon=True)
+    worker.start()
+    worker.join(timeout + 0.5)
+    return found[0] if found else f"no answer in {timeout:g} s"
+
+
+def choose_index(
+    build: Build,
+    version: str = TORCH_VERSION,
+    env: Mapping[str, str] = os.environ,
+    probe: Callable[[str], str | None] = probe_index,
+) -> IndexChoice:
+    """The PyTorch wheel index (`TORCH_INDEX_URL` or WHEEL_INDEX) when its page of torch for `build` answers; else
+    pip's configured index, with the one line that says so."""
+    index = env.get("TORCH_INDEX_URL") or WHEEL_INDEX
+    problem = probe(f"{build.index_url(index)}/torch/")
+    if problem is None:
+        return IndexChoice(index)
+    pin = f"torch=={version}{build.mirror_label}"
+    return IndexChoice(
+        None,
+        f"the PyTorch wheel index {build.index_url(index)} cannot be reached ({problem}): installing {pin} from "
+        "pip's configured index (pip.conf, PIP_INDEX_URL) instead; TORCH_INDEX_URL=<a mirror of "
+        f"{WHEEL_INDEX}> picks another",
+    )
 
 
 def parse_capability(text: str) -> tuple[int, int]:

@@ -1,6 +1,7 @@
 """`python -m common.torch_build_cli plan [--python PY]`: the torch build this node's GPUs need (common/torch_build.py),
-for `make install` and `make torch-plan`. Standard library only: it runs with the system Python before any virtual
-environment exists."""
+for `make install` and `make torch-plan`: from the PyTorch wheel index (TORCH_INDEX_URL: a mirror of it), or from
+pip's configured index when that one does not answer (one line on stderr says so). Standard library only: it runs
+with the system Python before any virtual environment exists."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import argparse
 import os
 import sys
 
-from .torch_build import TORCH_VERSION, installed_build, plan_build, query_gpus
+from .torch_build import TORCH_VERSION, choose_index, installed_build, plan_build, query_gpus
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +37,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{plan.build.name} build ({plan.reason}): replacing it",
                 file=sys.stderr,
             )
-    command = plan.build.pip_command(args.python or "python", version)
+    source = choose_index(plan.build, version)
+    if source.note:
+        print(f"torch_build: {source.note}", file=sys.stderr)
+    command = plan.build.pip_command(args.python or "python", version, source.index)
     if args.python:
         print(" ".join(command))
     else:

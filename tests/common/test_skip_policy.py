@@ -18,7 +18,7 @@ def test_probe_needs_the_shared_glue_data():
     assert (GLUE / "SST-2" / "dev.tsv").is_file()
 
 
-def run_probe(tmp_path: Path, ci: str) -> subprocess.CompletedProcess:
+def run_probe(tmp_path: Path, ci: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "CI": ci, "ELASTICBERT_SHARED_DATA": str(tmp_path / "absent")}
     return subprocess.run(
         [
@@ -28,6 +28,7 @@ def run_probe(tmp_path: Path, ci: str) -> subprocess.CompletedProcess:
             "-q",
             "-p",
             "no:cacheprovider",
+            *args,
             f"{HERE}::test_probe_needs_the_shared_glue_data",
         ],
         capture_output=True,
@@ -45,3 +46,6 @@ def test_a_needs_data_skip_fails_in_ci_and_only_there(tmp_path):
     inside = run_probe(tmp_path, "true")
     assert inside.returncode == 1, inside.stdout
     assert "CI: tests skipped for a missing requirement" in inside.stdout
+    side_by_side = run_probe(tmp_path, "true", "-n", "1")  # as `make test` runs it: on a pytest-xdist worker
+    assert side_by_side.returncode == 1, side_by_side.stdout
+    assert "CI: tests skipped for a missing requirement" in side_by_side.stdout

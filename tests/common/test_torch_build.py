@@ -1,32 +1,71 @@
 """The torch build a node gets (`make install` / `make torch-plan`, common/torch_build.py), driven by a stub
-`nvidia-smi` on PATH: the command it would run is checked, nothing is downloaded. And the run-time refusal of a build
+`nvidia-smi` on PATH: the command it would run is checked, nothing is downloaded. The wheel index it names is a
+local HTTP server standing in for https://download.pytorch.org/whl (TORCH_INDEX_URL), or one that cannot be reached:
+then the command installs from pip's configured index and one line says so. And the run-time refusal of a build
 whose kernels do not cover the GPU, driven through the capability / arch-list / driver values the check reads."""
 
 from __future__ import annotations
 
+import functools
+import http.server
+import json
 import os
 import shutil
+import socket
 import stat
 import subprocess
 import sys
+import threading
+import time
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from common.torch_build import (
     BUILDS,
+    WHEEL_INDEX,
     GpuInventory,
     arch_covers,
     build_problem,
+    choose_index,
     installed_build,
     min_driver_for,
     parse_capability,
     plan_build,
+    probe_index,
     query_driver,
 )
 
 REPO = Path(__file__).resolve().parents[2]
 INDEX = "https://download.pytorch.org/whl"
+FALLBACK = "cannot be reached"  # the one line of a plan that falls back to pip's configured index
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def wheel_index(tmp_path_factory):
+    """A local stand-in for the PyTorch wheel index (TORCH_INDEX_URL): a torch page in each build's folder."""
+    root = tmp_path_factory.mktemp("index")
+    for build in BUILDS:
+        (root / "whl" / build / "torch").mkdir(parents=True)
+        (root / "whl" / build / "torch" / "index.html").write_text("<html><body></body></html>")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/whl"
+    server.shutdown()
+
+
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}/whl"  # nothing listens there once closed
+
+
 # torch.cuda.get_arch_list() of the 2.13 builds (RELEASE.md matrix)
 CU126_ARCHES = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
 CU130_ARCHES = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120"]
@@ -48,14 +87,14 @@ def stub_bin(tmp_path: Path, rows: list[str] | None) -> Path:
     return bin_dir
 
 
-def make_plan(tmp_path: Path, rows: list[str] | None, **env: str) -> str:
+def make_plan(tmp_path: Path, rows: list[str] | None, stderr: bool = False, **env: str) -> str:
     bin_dir = stub_bin(tmp_path, rows)
     run_env = {"PATH": str(bin_dir), "HOME": str(tmp_path), **env}
     out = subprocess.run(
         ["make", "-s", "-C", str(REPO), "torch-plan"], env=run_env, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
-    return out.stdout
+    return out.stdout + out.stderr if stderr else out.stdout
 
 
 @pytest.mark.parametrize(
@@ -71,14 +110,30 @@ def make_plan(tmp_path: Path, rows: list[str] | None, **env: str) -> str:
     ],
     ids=["v100", "a100", "h100", "no-nvidia-smi", "no-gpu", "mixed-node", "old-driver"],
 )
-def test_make_torch_plan_picks_the_build_whose_kernels_cover_the_node(tmp_path, rows, build):
-    out = make_plan(tmp_path, rows)
+def test_make_torch_plan_picks_the_build_whose_kernels_cover_the_node(tmp_path, wheel_index, rows, build):
+    out = make_plan(tmp_path, rows, stderr=True, TORCH_INDEX_URL=wheel_index)
     assert f"torch build: {build} " in out
-    assert f"install: python -m pip install torch==2.13.0 --index-url {INDEX}/{build}" in out
+    assert f"install: python -m pip install torch==2.13.0 --index-url {wheel_index}/{build}" in out
+    assert FALLBACK not in out
 
 
-def test_the_override_wins_and_a_wrong_one_is_named(tmp_path):
-    assert "torch build: cu130 (TORCH_CUDA=cu130)" in make_plan(tmp_path, ["7.0, 535.1"], TORCH_CUDA="cu130")
+def test_the_default_index_is_pytorchs_and_each_build_is_a_folder_of_it():
+    assert WHEEL_INDEX == INDEX
+    for name, build in BUILDS.items():
+        assert build.pip_command() == [
+            "python",
+            "-m",
+            "pip",
+            "install",
+            "torch==2.13.0",
+            "--index-url",
+            f"{INDEX}/{name}",
+        ]
+
+
+def test_the_override_wins_and_a_wrong_one_is_named(tmp_path, wheel_index):
+    plan = make_plan(tmp_path, ["7.0, 535.1"], TORCH_CUDA="cu130", TORCH_INDEX_URL=wheel_index)
+    assert "torch build: cu130 (TORCH_CUDA=cu130)" in plan
     (tmp_path / "bad").mkdir()
     bin_dir = stub_bin(tmp_path / "bad", None)
     bad = subprocess.run(
@@ -99,18 +154,81 @@ def test_a_gpu_older_than_every_build_is_refused():
         parse_capability("7")
 
 
-def test_the_install_command_for_the_venv_keeps_a_matching_torch_and_replaces_another(tmp_path):
+def test_the_install_command_for_the_venv_keeps_a_matching_torch_and_replaces_another(tmp_path, wheel_index):
     """What `make install` runs: nothing when the venv's torch is already the planned build, else the pip line."""
     this = installed_build(sys.executable)
     assert this is not None and this[1] is None  # the CPU build in CI
-    env = {**os.environ, "PATH": str(stub_bin(tmp_path, None))}
+    env = {**os.environ, "PATH": str(stub_bin(tmp_path, None)), "TORCH_INDEX_URL": wheel_index}
     run = [sys.executable, "-m", "common.torch_build_cli", "plan", "--python", sys.executable]
     kept = subprocess.run(run, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert kept.returncode == 0 and kept.stdout == "", kept.stdout
     assert "the cpu build: kept" in kept.stderr
     replaced = subprocess.run(run, cwd=REPO, env={**env, "TORCH_CUDA": "cu126"}, capture_output=True, text=True)
-    assert replaced.stdout.strip() == f"{sys.executable} -m pip install torch==2.13.0 --index-url {INDEX}/cu126"
-    assert "needs the cu126 build" in replaced.stderr
+    assert replaced.stdout.strip() == f"{sys.executable} -m pip install torch==2.13.0 --index-url {wheel_index}/cu126"
+    assert "needs the cu126 build" in replaced.stderr and FALLBACK not in replaced.stderr
+
+
+@pytest.mark.parametrize(
+    "build, pin", [("cu126", "torch==2.13.0+cu126"), ("cu130", "torch==2.13.0"), ("cpu", "torch==2.13.0")]
+)
+def test_an_unreachable_wheel_index_falls_back_to_pips_configured_index_in_one_line(tmp_path, build, pin):
+    """A cluster that reaches only a PyPI mirror: the wheel index is asked once (here a port nobody listens on), and
+    the command `make install` runs has no --index-url: pip's own settings decide where torch comes from."""
+    env = {**os.environ, "PATH": str(stub_bin(tmp_path, None)), "TORCH_INDEX_URL": closed_port_url()}
+    env["TORCH_CUDA"] = build
+    started = time.monotonic()
+    run = [sys.executable, "-m", "common.torch_build_cli", "plan", "--python", "venv/bin/python"]
+    out = subprocess.run(run, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and time.monotonic() - started < 30, out.stderr
+    assert out.stdout.strip() == f"venv/bin/python -m pip install {pin}"
+    (note,) = [line for line in out.stderr.splitlines() if FALLBACK in line]
+    assert note.startswith(f"torch_build: the PyTorch wheel index {env['TORCH_INDEX_URL']}/{build} cannot be reached")
+    assert f"installing {pin} from pip's configured index" in note and "TORCH_INDEX_URL" in note
+
+
+def test_a_wheel_index_without_the_build_falls_back_naming_the_answer(tmp_path, wheel_index):
+    """A mirror that answers but lacks the build's page (HTTP 404) is not used either."""
+    plan = make_plan(tmp_path, ["7.0, 535.1"], stderr=True, TORCH_INDEX_URL=f"{wheel_index}/cu126")  # .../cu126/cu126
+    assert "install: python -m pip install torch==2.13.0+cu126" in plan.splitlines() and "(HTTP 404)" in plan
+
+
+def test_a_silent_wheel_index_is_given_up_after_the_timeout():
+    """A firewall that swallows the connection: one bounded wait, not pip's five retries per request."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # the kernel completes the handshake; nothing ever answers
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/whl/cpu/torch/"
+        started = time.monotonic()
+        problem = probe_index(url, timeout=0.5)
+        assert problem is not None and time.monotonic() - started < 5, problem  # pip: 5 retries, minutes
+    choice = choose_index(BUILDS["cu130"], env={}, probe=lambda url: None if url == f"{INDEX}/cu130/torch/" else "?")
+    assert choice.index == INDEX and choice.note is None
+
+
+def fake_wheel(folder: Path, version: str) -> None:
+    """An empty but valid wheel of torch `version` (what a mirror or pip's find-links folder would hold)."""
+    info = f"torch-{version}.dist-info"
+    with zipfile.ZipFile(folder / f"torch-{version}-py3-none-any.whl", "w") as whl:
+        whl.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
+        whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        whl.writestr(f"{info}/RECORD", "")
+
+
+def test_the_fallback_pins_pick_the_right_wheel_from_a_mirror(tmp_path):
+    """Real pip on an index holding PyPI's default wheel and the CPU build: the CPU plan's pin takes the CPU build;
+    the V100 plan's pin refuses the default wheel (no sm_70 in it) by name instead of installing it."""
+    fake_wheel(tmp_path, "2.13.0")
+    fake_wheel(tmp_path, "2.13.0+cpu")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")} | {"PIP_CONFIG_FILE": os.devnull}
+    pip = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--find-links", str(tmp_path)]
+    pip += ["--ignore-installed", "--quiet", "--report", "-"]
+    pin = BUILDS["cpu"].pip_command(index=None)[-1]
+    out = subprocess.run([*pip, pin], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert [i["metadata"]["version"] for i in json.loads(out.stdout)["install"]] == ["2.13.0+cpu"]
+    pin = BUILDS["cu126"].pip_command(index=None)[-1]
+    refused = subprocess.run([*pip, pin], env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "No matching distribution found for torch==2.13.0+cu126" in refused.stderr
 
 
 @pytest.mark.parametrize(

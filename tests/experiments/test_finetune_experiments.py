@@ -41,6 +41,7 @@ def ladder(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_acl_ladder_smoke(ladder):
     out = ladder / "out"
     results = json.loads((out / "results.json").read_text())
@@ -83,6 +84,7 @@ def test_acl_ladder_smoke(ladder):
     assert rerun["summary"]["table"] == results["summary"]["table"]
 
 
+@pytest.mark.slow
 def test_early_exit_pareto_smoke(ladder, tmp_path):
     run_script(
         "early_exit_pareto.py",
@@ -105,10 +107,18 @@ def test_early_exit_pareto_smoke(ladder, tmp_path):
     assert "ELUE score" in (tmp_path / "out" / "section.md").read_text()
 
 
-def test_acl_lambda_grid_smoke(tmp_path):
+@pytest.fixture(scope="module")
+def lambda_work(tmp_path_factory):
+    """One --work-dir for both phases of acl_lambda.py, as a user runs them: the exit-lr phase's 2ST-MHA arm is the
+    grid's (same command), found there and not trained again."""
+    return tmp_path_factory.mktemp("acl_lambda") / "work"
+
+
+@pytest.mark.slow
+def test_acl_lambda_grid_smoke(tmp_path, lambda_work):
     """The λ grid's first arms at smoke size: each arm passes its λ and reduction to the trainer, the table pairs it
     with the baseline per seed, and partial results are on disk after every run."""
-    run_script("acl_lambda.py", "--work-dir", tmp_path / "work", "--output", tmp_path / "out")
+    run_script("acl_lambda.py", "--work-dir", lambda_work, "--output", tmp_path / "out")
     results = json.loads((tmp_path / "out" / "grid" / "results.json").read_text())
     assert [r["rung"] for r in results["runs"]] == ["2ST-MHA", "CE+SCL_mean_lam0.005", "ACL_mean_lam0.005"]
     for run in results["runs"][1:]:
@@ -124,10 +134,11 @@ def test_acl_lambda_grid_smoke(tmp_path):
     assert results["verdict"].count("not run") == 2  # one λ per objective: no sensitivity verdict is claimed
 
 
-def test_acl_lambda_exit_lr_smoke(tmp_path):
+@pytest.mark.slow
+def test_acl_lambda_exit_lr_smoke(tmp_path, lambda_work):
     """`--phase exit-lr`: the arms at `--exit-lr same` pass it to the trainer and are paired with the baseline at the
     same exit learning rate, not with the default one."""
-    run_script("acl_lambda.py", "--phase", "exit-lr", "--work-dir", tmp_path / "work", "--output", tmp_path / "out")
+    run_script("acl_lambda.py", "--phase", "exit-lr", "--work-dir", lambda_work, "--output", tmp_path / "out")
     results = json.loads((tmp_path / "out" / "exit_lr" / "results.json").read_text())
     assert [r["rung"] for r in results["runs"]] == ["2ST-MHA", "ACL_mean_lam0.02", "2ST-MHA_exitlr-same"]
     assert "--exit-lr same" in results["runs"][2]["command"] and "--exit-lr 0.001" in results["runs"][0]["command"]

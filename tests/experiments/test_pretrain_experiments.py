@@ -22,7 +22,10 @@ sys.path.insert(0, str(REPO))
 
 from experiments.pretrain_lab import SCALES, data_available  # noqa: E402
 
-pytestmark = pytest.mark.skipif(data_available() is not None, reason=str(data_available()))
+pytestmark = [
+    pytest.mark.slow,  # a minute or more each: `make test` starts them early (tests/conftest.py)
+    pytest.mark.skipif(data_available() is not None, reason=str(data_available())),
+]
 
 
 @pytest.fixture(scope="module")

@@ -94,18 +94,20 @@ def preempt_and_resume(cluster, job_id: str, run_dir: Path, steps_after: int, ti
     )
 
 
-def preempt_onto_fewer_nodes(cluster, job_id: str, drained: list[str], nodes: int, tasks: int) -> None:
-    """Drain `drained`, preempt the job again and, once it waits requeued (restart 2), shrink it to `nodes` nodes and
-    `tasks` tasks (one CPU each): what slurm/README.md tells an operator to do."""
+def preempt_onto_fewer_nodes(
+    cluster, job_id: str, drained: list[str], nodes: int, tasks: int, restarts: int = 2
+) -> None:
+    """Drain `drained`, preempt the job and, once it waits requeued (its `restarts`-th restart), shrink it to `nodes`
+    nodes and `tasks` tasks (one CPU each): what slurm/README.md tells an operator to do."""
     for node in drained:
         cluster.set_node_state(node, "DRAIN")
     preempt(cluster, job_id)
 
     def pending_again() -> bool:
         recs = cluster.jobs(job_id)
-        return len(recs) == 1 and recs[0]["Restarts"] == "2" and recs[0]["JobState"] == "PENDING"
+        return len(recs) == 1 and recs[0]["Restarts"] == str(restarts) and recs[0]["JobState"] == "PENDING"
 
-    cluster.wait_until("the second requeue", pending_again, 600, job_id)
+    cluster.wait_until(f"requeue {restarts}", pending_again, 600, job_id)
     shrink = [f"JobId={job_id}", f"NumNodes={nodes}-{nodes}", f"NumTasks={tasks}", f"NumCPUs={tasks}"]
     r = cluster.run("scontrol", "update", *shrink)
     assert r.returncode == 0, r.stderr
