@@ -39,7 +39,7 @@ from .dropout import scaled_dot_product_attention
 from .flops import token_exit_flops
 from .gradient_equilibrium import equilibrium_weights, rescale_gradient
 from .hash_maps import DRAWN, HASH_KINDS, MAP_DTYPE, Buckets, depth_histogram, map_digest, occurrence_depths
-from .layer_runner import EAGER_CPU_STEP, LayerRunner, StepCost, StepOutput
+from .layer_runner import LayerRunner, StepCost, StepOutput, eager_step_cost
 from .masks import attention_mask_for_sdpa
 from .modeling_classification import EXIT_CLASSES, ElasticBertForSequenceClassification
 from .verification import CheckpointError
@@ -278,7 +278,7 @@ class ElasticBertHashEEForSequenceClassification(ElasticBertForSequenceClassific
 
     @property
     def step_cost(self) -> StepCost | None:
-        return EAGER_CPU_STEP if self.device.type == "cpu" else None
+        return eager_step_cost(self.device)
 
     def step(self, index: int, inputs: Any, mask: torch.Tensor, padded: bool, with_exit: bool) -> StepOutput:
         """Layer `index` on the rows (`LayerRunner.step`); at index 0 the inputs are the token ids, after it the

@@ -99,6 +99,12 @@ class LayerRunner:
         raise NotImplementedError
 
 
+def eager_step_cost(device: torch.device) -> StepCost | None:
+    """The step cost of the eager modules on `device`: the CPU's; none on a GPU (one step per call). Every eager
+    runner (`TorchLayers`, the HashEE model, its own runner) asks here."""
+    return TorchLayers.step_costs.get(device.type)
+
+
 class TorchLayers(LayerRunner):
     """The eager runner: the model's own modules."""
 
@@ -107,7 +113,7 @@ class TorchLayers(LayerRunner):
     def __init__(self, model: nn.Module) -> None:
         self.model, self.config, self.exit_layers = model, model.config, tuple(model.exit_layers)
         self.device, self.training = model.device, model.training
-        self.step_cost = self.step_costs.get(self.device.type)
+        self.step_cost = eager_step_cost(self.device)
 
     def embed(
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, position_ids: torch.Tensor | None
