@@ -110,7 +110,7 @@ def resolve_pretrained(
         hint = (
             (
                 "offline mode is on (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE): run once with internet access, or "
-                f"`huggingface-cli download {text}`, or pass a local directory"
+                f"`hf download {text}` (huggingface_hub's CLI), or pass a local directory"
             )
             if offline()
             else ("the hub could not be reached: check the connection, or pass a local directory")

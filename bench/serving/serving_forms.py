@@ -13,7 +13,7 @@ given length, every row running to the last layer (so that every form does the s
 - `Loop`: embeddings, one `Loop` over the layers whose body gathers its layer's weights from tensors stacked over the
   layers (an `If` per layer is the other way to pick weights), then the last exit; no exit heads inside.
 
-    .venv/bin/python bench/serving/serving_forms.py --model RUN/best --length 25 --rounds 5
+    .venv/bin/python bench/serving/serving_forms.py --model RUN/best --length 25 --rounds 5 [--without-prepacking]
 """
 
 from __future__ import annotations
@@ -121,11 +121,15 @@ def _loop(traced, precision: str, config):
     return helper.make_model(graph, opset_imports=opsets, ir_version=traced.ir_version)
 
 
-def measure(models: dict, length: int, rounds: int, repeats: int) -> dict:
+def measure(models: dict, length: int, rounds: int, repeats: int, prepacking: bool = True) -> dict:
+    """ms per run of each form; `prepacking` False: ONNX Runtime's `session.disable_prepacking` (its MatMul kernels
+    then repack each constant weight on every call), to see which forms prepacking reaches."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads, options.log_severity_level = 1, 1, 3
+    if not prepacking:
+        options.add_session_config_entry("session.disable_prepacking", "1")
     sessions = {
         name: ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
         for name, proto in models.items()
@@ -159,6 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--precisions", nargs="+", default=["int8", "fp32"])
+    parser.add_argument(
+        "--without-prepacking",
+        action="store_true",
+        help="also time every form with ONNX Runtime's weight prepacking off (which forms does prepacking reach?)",
+    )
     Clock.add_option(parser)
     args = parser.parse_args(argv)
     clock.use(args.clock)
@@ -179,9 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         )[0].eval()
     for precision in args.precisions:
         with torch.no_grad():
-            ms = measure(_files(model, precision), args.length, args.rounds, args.repeats)
-        line = ", ".join(f"{name} {value:.3f} ms ({value / ms['straight']:.2f}x)" for name, value in ms.items())
-        print(f"{precision}, batch 1, {args.length} tokens, one thread (load {load_average():.1f}): {line}")
+            files = _files(model, precision)
+        for prepacking in (True, False) if args.without_prepacking else (True,):
+            ms = measure(files, args.length, args.rounds, args.repeats, prepacking)
+            line = ", ".join(f"{name} {value:.3f} ms ({value / ms['straight']:.2f}x)" for name, value in ms.items())
+            packed = "" if prepacking else ", prepacking off"
+            print(f"{precision}, batch 1, {args.length} tokens, one thread{packed} (load {load_average():.1f}): {line}")
     return 0
 
 

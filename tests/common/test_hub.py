@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 from hub_cache import add_to_hub_cache
 
@@ -37,10 +40,13 @@ def test_offline_and_not_cached_says_how_to_get_it(offline_hub):
     with pytest.raises(
         HubError,
         match=r"--model bert-base-uncased: not a local directory and not in the Hugging "
-        r"Face cache .*offline mode is on.*huggingface-cli download",
+        r"Face cache .*offline mode is on.*`hf download",
     ) as err:
         resolve_pretrained("bert-base-uncased", what="--model")
     assert isinstance(err.value, UserError)
+    # the command it names is the one huggingface_hub installs (2.x has `hf` only, no `huggingface-cli`)
+    command = str(err.value).split("`")[1].split()[0]
+    assert (Path(sys.executable).parent / command).is_file(), command
 
 
 def test_paths_that_are_not_hub_ids_are_reported_as_missing_directories(offline_hub, tmp_path):
