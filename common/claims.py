@@ -14,8 +14,12 @@ its holder ends, however it ends (SIGKILL included; NFS frees a crashed client's
 lock is a live writer on any host that shares the file system, and a file whose lock anyone can take was left by a
 dead one: a stale claim, taken over with a note that names it.
 
-Taking a claim: lock this part's file (refused, naming the holder, when its lock is held), then look at the other
-parts' files: one held by a process of another job refuses this one too; a dead one's file is removed. A file is
+Taking a claim: lock this part's file (refused, naming the holder, when its lock is held), write who it is, then look
+at the other parts' files: one held by a process of another job refuses this one too; a dead one's file is removed.
+The record goes in before the look, not after: the ranks of a job all start at once, and each one reading another's
+file must find its record there (a held file without one is waited for `RECORD_WAIT_S`, then refused as "not
+written its name yet"); written after the look, every rank waited on the others' records while holding back its own,
+and on a loaded node all of a 16-rank job refused one another. A file is
 removed only by a process that holds its lock, and a lock taken on a file that its name no longer points to (removed
 meanwhile) is taken again on the new one, so two processes never both hold one part. Released: the file, the folder
 when no other part is left, and the folders that were made for it. Forked children (DataLoader workers, process
@@ -152,8 +156,8 @@ def _take(output: Path, file: Path, part: Part, head: str) -> Claim:
         claim = Claim(output, file, fd, made)
         _HELD[file] = claim
         try:
+            _write(fd, file, part)  # first: the parts of one job check each other at the same instant
             stale += _check_other_parts(file.parent, part, head)
-            _write(fd, file, part)
         except BaseException:
             claim.release(force=True)
             raise

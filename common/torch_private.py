@@ -24,6 +24,20 @@ def raise_recompile_limit(at_least: int) -> bool:
     return True
 
 
+def mark_dynamic_size(tensor: torch.Tensor, dim: int) -> bool:
+    """Tell TorchDynamo that `tensor`'s size `dim` varies from call to call, so a compiled graph takes it symbolic at
+    its first compile (`torch._dynamo.maybe_mark_dynamic`: no public name in torch 2.13, and no error where the size
+    ends up specialized). Without it a compiled model compiles once for the first size and again, dynamic, at the
+    first call with another (slower to start, not wrong). Returns whether it was marked."""
+    try:
+        import torch._dynamo
+
+        torch._dynamo.maybe_mark_dynamic(tensor, dim)
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
 def safe_softmax(scores: torch.Tensor, dim: int) -> torch.Tensor:
     """Softmax whose fully masked rows (all -inf) are zeros instead of NaN: aten's `_safe_softmax`, the op
     `F.scaled_dot_product_attention`'s CPU math path runs (so a written-out attention matches it); without it the

@@ -232,10 +232,9 @@ class ElasticBertForPreTraining(ElasticBertPreTrainedModel):
     ) -> ElasticBertPreTrainingOutput:
         flat_labels = mlm_labels.reshape(-1)
         masked = mlm_positions if mlm_positions is not None else (flat_labels != -100).nonzero(as_tuple=True)[0]
-        num_masked = int(masked.numel())
         targets = flat_labels[masked]
         rows = self.masked_lm_rows(exits, states, masked)
-        if num_masked:
+        if masked.numel():
             heads = self.cls.predictions
             mlm_loss, mlm_accuracy = exits_masked_lm_loss(rows, heads.decoder.weight, heads.bias, targets, len(exits))
         else:  # keeps the graph connected so every rank's backward touches the same parameters
@@ -259,7 +258,9 @@ class ElasticBertForPreTraining(ElasticBertPreTrainedModel):
             sop_loss=sop_loss.detach(),
             mlm_accuracy=mlm_accuracy.detach(),
             sop_accuracy=sop_accuracy.detach(),
-            num_masked=num_masked,
+            # read here, not carried as an int across the graph break at the MLM loss (`torch.compiler.disable`):
+            # compiled, that int would be a constant of the graph after the break, recompiled for each new count
+            num_masked=int(masked.numel()),
         )
 
 

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from common.torch_private import mark_dynamic_size
+
 IGNORE_INDEX = -100  # the MLM label of a token that is not a target (cross-entropy's default ignore_index)
 # A micro-batch is packed only when that removes at least this share of its padded tokens (at 32 samples: one row);
 # otherwise it keeps one sample per padded row (the same losses). Why: attention over packed rows takes a
@@ -233,14 +235,25 @@ def sample_lengths(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return batch["attention_mask"].sum(1, dtype=torch.float64)
 
 
+def to_device(batch: dict[str, torch.Tensor], device: torch.device | str, non_blocking: bool = False) -> dict:
+    """A collated micro-batch on the model's device (its host-only `keys` left behind), with the number of masked
+    tokens marked as a dynamic size: it varies batch to batch, and a compiled model (`train.compile`) then builds each
+    graph once with that size symbolic, instead of once with the first batch's count and again, dynamic, at the first
+    batch that changes it (a quarter of the compiles of a run: tests/pretrain/test_compile.py counts them). Marking
+    costs nothing when the model is not compiled."""
+    on_device = {name: t.to(device, non_blocking=non_blocking) for name, t in batch.items() if name != "keys"}
+    if "mlm_positions" in on_device:
+        mark_dynamic_size(on_device["mlm_positions"], 0)
+    return on_device
+
+
 class Collator:
     """Picklable collate with its settings bound (DataLoader workers pickle it): the pad id, the length multiple,
     and whether samples are packed several to a row (`data.packing`: `pack`, rows of `max_length`) or padded one to
     a row (`collate`). A compiled model gets every unpacked batch padded to `max_length` (multiple = max_length):
     one static shape (packing varies the row count, so the config refuses it with `train.compile`). The masked
-    positions still vary in number: inductor compiles each graph once more, with that size dynamic, at the first
-    batch that changes it (~8 s at the tiny size here), and the graph then has no break and no host sync at the
-    `nonzero` it would otherwise run."""
+    positions still vary in number: `to_device` marks that size dynamic, so each graph compiles once, and has no
+    host sync at the `nonzero` it would otherwise run."""
 
     def __init__(self, pad_id: int, multiple: int = 8, packing: bool = False, max_length: int | None = None) -> None:
         if packing and max_length is None:

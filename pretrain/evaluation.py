@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .collation import Collator
+from .collation import Collator, to_device
 from .stats import EvalSums, Group
 
 
@@ -45,7 +45,7 @@ def evaluate(
     with torch.no_grad():
         for start in range(0, len(keys), micro):
             items = [valid[k][i] for k, i in keys[start : start + micro]]
-            batch = {name: t.to(engine.device) for name, t in one_per_row(items).items()}
+            batch = to_device(one_per_row(items), engine.device)
             out = engine(**batch, active_exits=exits, gradient_equilibrium=False)
             sums.add_batch(out, batch)
     if was_training:

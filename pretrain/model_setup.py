@@ -81,8 +81,9 @@ def _check_fits_data(cfg: RunConfig, model: torch.nn.Module, vocab_size: int) ->
 def compile_model(model: torch.nn.Module, num_groups: int) -> None:
     """torch.compile (inductor) in place, before DeepSpeed wraps the model (as DeepSpeed's `engine.compile` does:
     `module.compile()`), so state-dict keys, ZeRO's hooks and checkpoints stay as they are. Each exit group is its
-    own graph, in training and in evaluation, and the number of masked tokens varies, so each compiles twice (then
-    dynamic in that size): the recompile limit covers them."""
+    own graph in training, and evaluation (all exits, no grad) another; the number of masked tokens, which varies,
+    is marked dynamic before the first call (`collation.to_device`), so each compiles once. The recompile limit
+    leaves room for twice that."""
     raise_recompile_limit(4 * (num_groups + 1))
     model.compile()
 

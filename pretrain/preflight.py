@@ -187,7 +187,9 @@ def check_fused_ops(cfg: RunConfig) -> tuple[str, None]:
             f"{os.environ.get('CUDA_HOME', 'unset')}, no nvcc on PATH): `module load cuda` in the job script, "
             "or use optim.backend=torch (the default: torch's fused AdamW, no compiler)"
         )
-    from .ds_runtime import quiet_deepspeed, set_op_build_arch
+    from common.deepspeed_import import quiet_deepspeed
+
+    from .ds_runtime import set_op_build_arch
 
     arch, note = "cpu", None
     if accelerator != "cpu":

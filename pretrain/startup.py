@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from common.deepspeed_import import import_deepspeed, quiet_deepspeed
 from common.dist import DistEnv, resolve_env
 from common.run_dir import RunLock, prepare_run_dir, release_inherited_locks
 
@@ -26,7 +27,7 @@ from .config import RunConfig, validate, write_resolved_configs
 from .corpora import open_data
 from .data import RankBatches, SampleOrder, batch_digests, train_loader
 from .ds_config import fill_ds_config, load_ds_json
-from .ds_runtime import import_deepspeed, quiet_deepspeed, set_op_build_arch
+from .ds_runtime import set_op_build_arch
 from .guards import refuse_stale_build_locks
 from .metrics import MetricsLogger
 from .mfu import peak_flops

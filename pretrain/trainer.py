@@ -37,6 +37,7 @@ from common.errors import EXIT_PREEMPTED
 
 from .checkpoint import LATEST, read_latest
 from .checkpointer import dump_weights, export_files_writer, nonfinite_weight_tensors
+from .collation import to_device
 from .config import RunConfig
 from .evaluation import evaluate
 from .guards import TrainingDiverged, peer_lost, step_problem
@@ -127,7 +128,7 @@ class Trainer(TrainerStartup):
                 keys = batch["keys"].tolist()
                 self.samples_log.write(json.dumps({"step": self.step, "micro": m, "keys": keys}) + "\n")
             # asynchronous copies: a blocking host-to-device copy waits for the queued kernels, a sync per tensor
-            batch = {name: t.to(self.engine.device, non_blocking=True) for name, t in batch.items() if name != "keys"}
+            batch = to_device(batch, self.engine.device, non_blocking=True)
             torch.manual_seed(micro_seed(self.cfg.train.seed, self.step, self.rank * accum + m))
             out = self.engine(**batch, active_exits=active, gradient_equilibrium=self.cfg.exits.gradient_equilibrium)
             if tuple(out.exit_layers) != tuple(active):

@@ -164,8 +164,12 @@ def ds_config(raw: dict[str, Any], cfg: FinetuneConfig, world_size: int) -> dict
 def deepspeed_engine(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: object, cfg: FinetuneConfig
 ) -> tuple:
-    """Wrap model/optimizer/schedule in a DeepSpeed engine (single process needs no launcher)."""
-    import deepspeed
+    """Wrap model/optimizer/schedule in a DeepSpeed engine (single process needs no launcher). DeepSpeed is imported
+    as pre-training imports it (`common.deepspeed_import`): on CPU no rank builds or loads its shm op (the first
+    rank's JIT build took 37 s while the other waited), and no rank compiles its Muon kernel."""
+    from common.deepspeed_import import import_deepspeed
+
+    deepspeed = import_deepspeed(type(optimizer).__name__)
 
     env = resolve_env()  # exports RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT (rank 0 of 1 without a launcher)
     config = ds_config(load_ds_json(cfg.train.ds_config), cfg, env.world_size)

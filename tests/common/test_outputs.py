@@ -195,6 +195,39 @@ def test_the_parts_of_one_job_share_an_output_and_no_one_else_does(tmp_path):
         rank0.communicate("")
 
 
+def test_the_ranks_of_a_job_starting_at_once_on_a_slow_file_system_all_share_the_output(tmp_path):
+    """Four ranks of one job claim their run directory at the same instant, each slowed (a loaded node, a shared
+    file system) between locking its file and reading the others' for longer than a held file may stay without
+    its record: all four share it. (Before the fix each wrote its record after that read, and all refused one
+    another as "a process that has not written its name yet": a 16-rank Slurm job, seen on a loaded box.)"""
+    run, go = tmp_path / "run", tmp_path / "go"
+    slow = (
+        "_check = claims._check_other_parts\n"
+        "claims._check_other_parts = lambda *a: (time.sleep(claims.RECORD_WAIT_S + 0.5), _check(*a))[1]\n"
+    )
+    code = HOLDER.replace("with claims.command(", slow + "with claims.command(", 1)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(run), str(rank), "job A", str(go)],
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(4)
+    ]
+    try:
+        time.sleep(0.3)
+        go.touch()
+        assert [p.stdout.readline().strip() for p in procs] == ["held"] * 4
+        records = [json.loads((tmp_path / ".run.claim" / str(rank)).read_text()) for rank in range(4)]
+        assert [(r["slot"], r["job"]) for r in records] == [(rank, "job A") for rank in range(4)]
+    finally:
+        for p in procs:
+            p.communicate("")
+    assert not (tmp_path / ".run.claim").exists()
+
+
 def test_a_dead_holders_claim_is_taken_over_and_said(tmp_path, capsys):
     """SIGKILL leaves the claim's file behind but not its lock: the next command takes it over with a note naming the
     dead holder; a forked child of a holder does not keep the claim alive."""

@@ -300,6 +300,7 @@ def two_ranks(tmp_path: Path, argv: list[str], signal_at: int) -> list[subproces
     for rank in (0, 1):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1"}
         env.update({"MASTER_PORT": port, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"})
+        env["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "torch_extensions")  # where a JIT build of a DeepSpeed op would go
         cmd = [sys.executable, "-c", RANK_RUN, str(REPO / "tests" / "support"), str(signal_at), *argv]
         procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True))
     done = []
@@ -312,7 +313,8 @@ def two_ranks(tmp_path: Path, argv: list[str], signal_at: int) -> list[subproces
 @pytest.mark.slow
 def test_sigterm_to_one_of_two_deepspeed_ranks(tmp_path):
     """Any rank signalled -> all save (one vote per step), each rank its random states, exit 75 on both; the resumed
-    2-process run ends bit-identical to an uninterrupted one."""
+    2-process run ends bit-identical to an uninterrupted one. No rank built a DeepSpeed op on the way (the CPU shm
+    collective: `common.deepspeed_import`)."""
     pytest.importorskip("deepspeed")
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"zero_optimization": {"stage": 1}, "steps_per_print": 10**9}))
@@ -330,3 +332,4 @@ def test_sigterm_to_one_of_two_deepspeed_ranks(tmp_path):
     second = two_ranks(tmp_path, train_argv(out, "jt", "--ds-config", str(ds)), -1)
     assert [p.returncode for p in second] == [0, 0], second[0].stderr[-3000:]
     assert results(out) == results(reference)
+    assert not (tmp_path / "torch_extensions").exists()

@@ -10,6 +10,7 @@ import torch
 from pretrain_testlib import TINY, launch_torchrun, read_metrics, train_args
 
 from elasticbert import ElasticBertConfig, ElasticBertForPreTraining
+from pretrain.collation import to_device
 from pretrain.data import collate
 from pretrain.metrics import latest_per_step
 from pretrain.model_setup import compile_model
@@ -43,7 +44,11 @@ def test_the_compiled_model_computes_the_eager_losses_and_gradients():
     """Dropout on, and the same seed before each: the compiled graph draws the eager run's dropout masks
     (`elasticbert.dropout`), so both compute the same numbers: every exit group, with gradient equilibrium (a
     custom autograd function inside the graph), and a batch with another number of masked tokens (the dynamic
-    size)."""
+    size). That number is marked dynamic where the trainer moves a batch to the device (`to_device`), so each
+    group compiles once: three graphs per group (the encoder, the heads up to the eager MLM loss, the rest), none
+    compiled again for another count."""
+    from torch._dynamo.utils import counters
+
     cfg = ElasticBertConfig(
         vocab_size=400, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, intermediate_size=64,
         hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, max_position_embeddings=64,
@@ -53,8 +58,11 @@ def test_the_compiled_model_computes_the_eager_losses_and_gradients():
     compiled = ElasticBertForPreTraining(cfg).train()
     compiled.load_state_dict(eager.state_dict())
     compile_model(compiled, num_groups=2)
+    graphs_before = counters["stats"]["unique_graphs"]
+    masked_counts = {}
     for seed, exits in ((1, (1, 3, 4)), (2, (2, 4)), (3, (1, 3, 4)), (4, (2, 4))):
-        batch = _batch(seed, pad_to=48)
+        batch = to_device(_batch(seed, pad_to=48), "cpu")
+        masked_counts.setdefault(exits, set()).add(int(batch["mlm_positions"].numel()))
         outs = []
         for model in (eager, compiled):
             model.zero_grad(set_to_none=True)
@@ -69,6 +77,8 @@ def test_the_compiled_model_computes_the_eager_losses_and_gradients():
         assert grads_a.keys() == grads_b.keys()
         for name in grads_a:
             torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert all(len(counts) == 2 for counts in masked_counts.values())  # each group saw two counts...
+    assert counters["stats"]["unique_graphs"] - graphs_before == 3 * 2  # ...and no group compiled twice
 
 
 @pytest.fixture(scope="module")

@@ -89,7 +89,7 @@ def test_deepspeed_in_a_cpu_rank_builds_no_op_and_compiles_nothing():
     partitioners stay out of the process (42 MB per rank measured) and the kernel is the plain function."""
     code = """
 import json, os, sys
-from pretrain.ds_runtime import MUON_MODULE, import_deepspeed, quiet_deepspeed
+from common.deepspeed_import import MUON_MODULE, import_deepspeed, quiet_deepspeed
 quiet_deepspeed("cpu")
 ds = import_deepspeed("AdamW")
 from deepspeed.comm.torch import build_shm_op
