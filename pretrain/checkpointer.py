@@ -51,10 +51,16 @@ class Checkpointer:
 
     def __init__(self, run_dir: Path, rank: int, world: int, keep_last: int, verify_checksums: bool) -> None:
         self.dir = Path(run_dir) / "checkpoints"
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise RunDirError(f"cannot create {self.dir}: {e.strerror or e}") from None
+        # Rank 0 only: before the process group no other rank writes in the run directory. Rank 0 lists the run's
+        # files there first (`common.run_dir.prepare_run_dir`), and every rank checks the directory as it starts
+        # (`common.outputs`): a `checkpoints` made by a rank ahead of rank 0 is, to a rank checking at that moment,
+        # a folder of the run's names that no list names, and the job refused itself (seen with 16 ranks). The
+        # others write only after the process group forms, which rank 0 joins after its list.
+        if rank == 0:
+            try:
+                self.dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise RunDirError(f"cannot create {self.dir}: {e.strerror or e}") from None
         self.rank, self.world = rank, world
         self.keep_last = keep_last
         self.verify_checksums = verify_checksums

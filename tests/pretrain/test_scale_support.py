@@ -133,3 +133,26 @@ _exit(int(sys.argv[1]))
         r = subprocess.run([sys.executable, "-c", code, str(rc)], cwd=REPO, capture_output=True, text=True, timeout=120)
         assert r.returncode == rc and "error line" in r.stdout, r.stderr
         assert ("teardown ran" in r.stdout) is teardown, (rc, r.stdout)
+
+
+def test_a_rank_ahead_of_rank_0_leaves_nothing_a_late_rank_takes_for_a_strangers(tmp_path):
+    """The ranks of a job start at different speeds, and each checks the run directory as it starts (`--output`'s
+    rule: a run never writes over files no run of it made, `common.outputs`). Before the process group forms, a rank
+    other than 0 must make nothing there: rank 0 lists the run's files first, and a `checkpoints/` made by a rank
+    ahead of it is, to a rank checking at that moment, a folder of the run's names that no list names (seen in the
+    16-rank Slurm test: rank 14 refused its own job's directory, "holds checkpoints, which no run of pretrain wrote
+    there"). Rank 0's own, made after its list, is the run's."""
+    from common.outputs import check_output
+    from common.run_dir import prepare_run_dir
+    from pretrain.checkpointer import Checkpointer
+    from pretrain.cli import RUN_OUTPUT
+
+    run = tmp_path / "run"
+    prepare_run_dir(run, rank=1)
+    Checkpointer(run, rank=1, world=16, keep_last=2, verify_checksums=True)
+    assert sorted(p.name for p in run.iterdir()) == []  # rank 1, ahead of rank 0, made nothing there
+    check_output(run, RUN_OUTPUT)
+    prepare_run_dir(run, rank=0)
+    Checkpointer(run, rank=0, world=16, keep_last=2, verify_checksums=True)
+    check_output(run, RUN_OUTPUT)
+    assert (run / "checkpoints").is_dir()

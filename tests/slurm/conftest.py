@@ -38,6 +38,7 @@ OWNER_MARK = RUN_DIR / "started-by-pytest"
 # it Debian's 1.11. Each discards the other's build log ("build log version is too old; starting over") and rebuilds
 # the op (~30 s, minutes on a loaded box) at every job start that follows such a run. The test jobs get their own.
 TORCH_EXTENSIONS = RUN_DIR / "torch_extensions"
+JOB_LOOK_S, ENDED_GRACE_S = 5.0, 60.0  # wait_until: how often it asks for the job's state; how long "ended" must last
 MULTI_PARTITION = "multi"
 MULTI_NODES = ("ebnode1", "ebnode2")
 FINAL_STATES = {
@@ -172,13 +173,26 @@ class SlurmCluster:
         return recs[0]
 
     def wait_until(self, what: str, pred, timeout: float, job_id: str | None = None, poll: float = 0.3):
+        """`pred()` once true, polled every `poll` s; fails after `timeout`, or as soon as job `job_id` has sat in a
+        final state other than PREEMPTED (a preempted job comes back requeued) for ENDED_GRACE_S without it: a job
+        that failed on its own must not hold the suite for the whole timeout (20 min once)."""
         end = time.monotonic() + timeout
+        next_look, ended_since = time.monotonic() + JOB_LOOK_S, None
         while True:
             v = pred()
             if v:
                 return v
-            if time.monotonic() > end:
+            now = time.monotonic()
+            if now > end:
                 pytest.fail(f"timeout ({timeout}s) waiting for {what}\n{self.diagnose(job_id)}", pytrace=False)
+            if job_id is not None and now >= next_look:
+                next_look = now + JOB_LOOK_S
+                recs = self.jobs(job_id)
+                ended = len(recs) == 1 and recs[0].get("JobState") in FINAL_STATES - {"PREEMPTED"}
+                ended_since = (ended_since or now) if ended else None
+                if ended_since is not None and now - ended_since >= ENDED_GRACE_S:
+                    state = recs[0].get("JobState")
+                    pytest.fail(f"job {job_id} ended {state} before {what}\n{self.diagnose(job_id)}", pytrace=False)
             time.sleep(poll)
 
     def wait_state(self, job_id: str, states: set | str, timeout: float = 60) -> dict:
