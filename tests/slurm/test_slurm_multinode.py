@@ -181,8 +181,8 @@ def test_two_node_preemption_requeue_then_requeue_onto_one_node(
 def test_rank_killed_fails_the_job_fast_and_the_next_submission_resumes(
     slurm_cluster, multi_nodes, two_node_run, tiny_corpus, tmp_path
 ):
-    """SIGKILL to the trainer on ebnode2 mid-training: rank 0 fails at its next collective ("Connection closed by
-    peer"), the step and the job end at once (bounded by EB_STEP_WAIT + KillWait anyway), FAILED, not requeued,
+    """SIGKILL to the trainer on ebnode2 mid-training: rank 0 fails at its next collective and says a rank is gone in
+    one line, the step and the job end at once (bounded by EB_STEP_WAIT + KillWait anyway), FAILED, not requeued,
     nothing left running; resubmitting the same command resumes from the last complete checkpoint and reproduces
     the uninterrupted run bit for bit."""
     _, ref_dir = two_node_run
@@ -208,7 +208,10 @@ def test_rank_killed_fails_the_job_fast_and_the_next_submission_resumes(
     committed = latest.read_text().strip()
     killed_at = last_step(run_dir)
     text = Path(f"{run_dir}.out").read_text()
-    assert "Connection closed by peer" in text and "step failed" in text and "requeueing" not in text
+    # gloo's words for the dead peer vary with how its socket went ("Connection closed by peer", "... reset by
+    # peer": both seen here); the line that says so is ours
+    assert "a collective failed because another rank of the job is gone" in text
+    assert "step failed" in text and "requeueing" not in text
 
     jid2 = submit_pretrain(slurm_cluster, run_dir, tiny_corpus, TWO_NODES)  # the same command again
     rec2 = slurm_cluster.wait_state(jid2, "COMPLETED", timeout=600)
