@@ -20,7 +20,7 @@ from elasticbert.verification import checksum_verification
 from .config import ConfigError, ModelConfig, RunConfig, resolve_path
 
 
-def _from_scratch(m: ModelConfig, vocab_size: int) -> ElasticBertForPreTraining:
+def model_from_scratch(m: ModelConfig, vocab_size: int) -> ElasticBertForPreTraining:
     """The model section's architecture fields carry BERT's names, so they go to the config as they are."""
     architecture = {k: v for k, v in dataclasses.asdict(m).items() if k in BERT_ARCHITECTURE_FIELDS}
     architecture["vocab_size"] = m.vocab_size or vocab_size
@@ -93,7 +93,7 @@ def build_model(cfg: RunConfig, vocab_size: int, tokenizer_dir: Path | None) -> 
     m = cfg.model
     torch.manual_seed(cfg.train.seed)
     if m.init_from is None:
-        model, origin = _from_scratch(m, vocab_size), "from scratch"
+        model, origin = model_from_scratch(m, vocab_size), "from scratch"
         identity = data_tokenizer(tokenizer_dir)  # recorded in every checkpoint's export/config.json
         model.config.tokenizer_identity = identity.to_dict() if identity is not None else None
     else:

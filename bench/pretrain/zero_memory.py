@@ -110,9 +110,10 @@ def rank_main(rank: int, size: str, stage: int, port: int, out_dir: str) -> None
         OMP_NUM_THREADS="1",
     )
     torch.set_num_threads(1)
-    import deepspeed
-
+    from common.deepspeed_import import import_deepspeed
     from elasticbert import ElasticBertForPreTraining, exit_groups
+
+    deepspeed = import_deepspeed("AdamW")  # as a training rank does (no shm op build on the CPU)
 
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
     torch.manual_seed(0)

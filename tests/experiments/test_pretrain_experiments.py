@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from experiments.pretrain_lab import SCALES, data_available  # noqa: E402
+from experiments.step_timing import exit_count_share_removed  # noqa: E402
 
 pytestmark = [
     pytest.mark.slow,  # a minute or more each: `make test` starts them early (tests/conftest.py)
@@ -78,8 +79,14 @@ def test_pretrain_exits_smoke(work, claim1):
             for layer in scale.ft_layers:
                 row = results["finetune_summary"][task][model][str(layer)]
                 assert len(row["scores"]) == len(scale.seeds) and all(finite(s) for s in row["scores"])
-    ratios = results["step_timing"]["shapes"]["minilm"]["ratios"]
-    assert ratios["bf16"]["g1_over_g2_cpu_min"] > 0 and 0 < ratios["bf16"]["heads_share_g1_cpu_min"] < 1
+    timing = results["step_timing"]["shapes"]["minilm"]
+    ratios, step_s = timing["ratios"]["bf16"], timing["step_s"]
+    assert ratios["g1_over_g2_cpu_min"] > 0
+    # the heads' share is 1 - encoder / G=1 of the recorded step times. Its sign is not asserted: at smoke size
+    # (batch 2 x 32 tokens, one round) the two steps differ by less than a loaded box's noise (a full-suite run here
+    # measured -0.09); the report scale (three rounds, batch 32 x 128) is what docs/results/grouping/ quotes
+    share = 1 - step_s["encoder_bf16"]["cpu_min"] / step_s["G1_bf16"]["cpu_min"]
+    assert ratios["heads_share_g1_cpu_min"] == pytest.approx(share) and share < 1
     assert results["compute"]["cpu_s"] > 0
     for png in ("per_layer.png", "pretraining_curves.png"):
         assert (out / png).stat().st_size > 10_000
@@ -105,7 +112,9 @@ def test_grouping_smoke(work, claim1):
     for name, r in runs.items():
         for h in r["heldout"].values():
             assert len(h["mlm_loss"]) == 6 and all(finite(x) for x in h["mlm_loss"]), name
-    base = results["step_timing"]["shapes"]["base"]["ratios"]["bf16"]
-    assert base["bound_g1_over_g2_cpu_min"] >= 1.0
+    base = results["step_timing"]["shapes"]["base"]
+    share = 1 - base["step_s"]["encoder_bf16"]["cpu_min"] / base["step_s"]["G1_bf16"]["cpu_min"]  # sign: noise here
+    bound = 1 / (1 - share * exit_count_share_removed(base["shape"]["num_hidden_layers"]))
+    assert base["ratios"]["bf16"]["bound_g1_over_g2_cpu_min"] == pytest.approx(bound)
     for png in ("heldout_mlm_loss.png", "step_time.png"):
         assert (work / "out_grouping" / png).stat().st_size > 10_000

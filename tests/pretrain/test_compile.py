@@ -9,11 +9,12 @@ import pytest
 import torch
 from pretrain_testlib import TINY, launch_torchrun, read_metrics, train_args
 
-from elasticbert import ElasticBertConfig, ElasticBertForPreTraining
 from pretrain.collation import to_device
+from pretrain.config import load_config
+from pretrain.corpora import open_corpus
 from pretrain.data import collate
 from pretrain.metrics import latest_per_step
-from pretrain.model_setup import compile_model
+from pretrain.model_setup import compile_model, model_from_scratch
 
 pytestmark = pytest.mark.slow
 STEPS, SAVE_AT = 8, 4
@@ -27,10 +28,10 @@ COMPILED += [
 COMPILED += [f"eval.interval={SAVE_AT}", "eval.max_samples=32"]  # validation: another graph (eval mode, all exits)
 
 
-def _batch(seed: int, pad_to: int, vocab: int = 400):
+def _batch(seed: int, rows: int, pad_to: int, vocab: int = 400):
     g = torch.Generator().manual_seed(seed)
     items = []
-    for length in (40, 23, 37):  # ragged: padding and the attention mask are part of the graph
+    for length in (pad_to, pad_to - 31, pad_to - 8, pad_to // 2)[:rows]:  # ragged: padding, mask in the graph
         ids = torch.randint(5, vocab, (length,), generator=g).numpy()
         labels = torch.full((length,), -100)
         pick = torch.rand(length, generator=g) < 0.2
@@ -40,28 +41,33 @@ def _batch(seed: int, pad_to: int, vocab: int = 400):
     return collate(items, pad_id=0, multiple=pad_to)
 
 
-def test_the_compiled_model_computes_the_eager_losses_and_gradients():
+def test_the_compiled_model_computes_the_eager_losses_and_gradients(prepared_gutenberg):
     """Dropout on, and the same seed before each: the compiled graph draws the eager run's dropout masks
     (`elasticbert.dropout`), so both compute the same numbers: every exit group, with gradient equilibrium (a
     custom autograd function inside the graph), and a batch with another number of masked tokens (the dynamic
     size). That number is marked dynamic where the trainer moves a batch to the device (`to_device`), so each
     group compiles once: three graphs per group (the encoder, the heads up to the eager MLM loss, the rest), none
-    compiled again for another count."""
+    compiled again for another count.
+
+    The model and the batch shape are those of the compiled run below (its config, its corpus's vocabulary, its
+    micro-batch padded to `data.max_length`): the graphs compiled here are then in inductor's cache when that run's
+    two ranks start, which otherwise both compile them (a cold 2-rank launch: 132 CPU-s; after this test: 62,
+    docs/test_time.md)."""
     from torch._dynamo.utils import counters
 
-    cfg = ElasticBertConfig(
-        vocab_size=400, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, intermediate_size=64,
-        hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, max_position_embeddings=64,
-    )  # fmt: skip
+    cfg = load_config(TINY, COMPILED)
+    vocab = int(open_corpus(prepared_gutenberg, "train").special_ids["vocab_size"])
+    groups = cfg.exit_groups()
     torch.manual_seed(0)
-    eager = ElasticBertForPreTraining(cfg).train()
-    compiled = ElasticBertForPreTraining(cfg).train()
+    eager = model_from_scratch(cfg.model, vocab).train()
+    compiled = model_from_scratch(cfg.model, vocab).train()
     compiled.load_state_dict(eager.state_dict())
-    compile_model(compiled, num_groups=2)
+    compile_model(compiled, num_groups=len(groups))
     graphs_before = counters["stats"]["unique_graphs"]
     masked_counts = {}
-    for seed, exits in ((1, (1, 3, 4)), (2, (2, 4)), (3, (1, 3, 4)), (4, (2, 4))):
-        batch = to_device(_batch(seed, pad_to=48), "cpu")
+    for seed in (1, 2, 3, 4):
+        exits = groups[(seed - 1) % len(groups)]
+        batch = to_device(_batch(seed, cfg.train.micro_batch_size, cfg.data.max_length), "cpu")
         masked_counts.setdefault(exits, set()).add(int(batch["mlm_positions"].numel()))
         outs = []
         for model in (eager, compiled):
@@ -77,8 +83,8 @@ def test_the_compiled_model_computes_the_eager_losses_and_gradients():
         assert grads_a.keys() == grads_b.keys()
         for name in grads_a:
             torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-4, atol=1e-6, msg=name)
-    assert all(len(counts) == 2 for counts in masked_counts.values())  # each group saw two counts...
-    assert counters["stats"]["unique_graphs"] - graphs_before == 3 * 2  # ...and no group compiled twice
+    assert sorted(masked_counts) == sorted(groups) and all(len(c) == 2 for c in masked_counts.values())  # two counts
+    assert counters["stats"]["unique_graphs"] - graphs_before == 3 * len(groups)  # ...and no group compiled twice
 
 
 @pytest.fixture(scope="module")

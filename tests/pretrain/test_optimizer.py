@@ -93,7 +93,9 @@ ENGINE_SCRIPT = textwrap.dedent(
     """
     import json, logging, os, sys
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
-    import deepspeed, torch
+    import torch
+    from common.deepspeed_import import import_deepspeed
+    deepspeed = import_deepspeed("AdamW")  # as a training rank does: no shm op build on the CPU, no Muon compile
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
     deepspeed.init_distributed("gloo", verbose=False)
     config = json.loads(sys.argv[2])

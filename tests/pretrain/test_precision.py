@@ -19,7 +19,9 @@ ENGINE_SCRIPT = textwrap.dedent(
     """
     import json, logging, os, sys
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2])
-    import deepspeed, torch
+    import torch
+    from common.deepspeed_import import import_deepspeed
+    deepspeed = import_deepspeed("AdamW")  # as a training rank does: no shm op build on the CPU, no Muon compile
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
     from pretrain.precision import FP16_DYNAMIC, step_precision_record
 

@@ -75,11 +75,11 @@ def test_two_checkpoints_are_estimated_from_the_model_size(prepared_gutenberg):
 
 def test_the_estimate_counts_the_built_models_parameters(prepared_gutenberg):
     """The analytic count (no model built, no transformers import) equals the pre-training model's parameters."""
-    from pretrain.model_setup import _from_scratch
+    from pretrain.model_setup import model_from_scratch
 
     for sets in ([], ["model.hidden_size=48", "model.num_hidden_layers=3", "model.intermediate_size=96"]):
         cfg = load_config(TINY, [f"data.corpora.0.path={prepared_gutenberg}", *sets])
-        built = sum(p.numel() for p in _from_scratch(cfg.model, 1000).parameters())
+        built = sum(p.numel() for p in model_from_scratch(cfg.model, 1000).parameters())
         assert preflight.parameter_count(cfg, 1000) == built, sets
 
 
