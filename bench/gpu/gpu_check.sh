@@ -81,8 +81,9 @@ from bench.pretrain.trainer_overhead import synthetic_corpus; synthetic_corpus(P
 export EB_CHECK_CORPUS="$OUT/corpus/prepared"
 if [ "$MODE" = full ] && [ "$DEVICE" = cuda ]; then
   # DeepSpeed's FusedAdam for this GPU's arch, built while the tests start (the preflight test then loads it)
-  "$PY" -c "from pretrain.ds_runtime import quiet_deepspeed, set_op_build_arch; print(set_op_build_arch());
-quiet_deepspeed('cuda'); from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()" \
+  "$PY" -c "from common.deepspeed_import import quiet_deepspeed; from pretrain.ds_runtime import set_op_build_arch
+print(set_op_build_arch()); quiet_deepspeed('cuda')
+from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()" \
     >"$OUT/fused-adam-build.log" 2>&1 &
 fi
 MARK="gpu and not gpu_full"

@@ -50,3 +50,23 @@ def test_gpu_check_modes_and_a_wrong_option():
     )
     wrong = subprocess.run(["bash", SCRIPT, "/unused", "--quick"], capture_output=True, text=True, timeout=30)
     assert wrong.returncode == 2 and "unknown option --quick" in wrong.stderr
+
+
+def test_the_python_our_shell_scripts_import_exists():
+    """The `python -c` lines of our shell scripts import what they name. Some run only on a CUDA node (the FusedAdam
+    build of `gpu_check.sh`'s full mode), so no CPU run would notice a name that moved: one did, when
+    `quiet_deepspeed` went from `pretrain.ds_runtime` to `common.deepspeed_import`."""
+    import importlib
+    import re
+
+    ours = ("bench", "common", "data_prep", "elasticbert", "finetune", "pretrain")
+    scripts = subprocess.run(["git", "ls-files", "*.sh"], cwd=REPO, capture_output=True, text=True, check=True)
+    checked = []
+    for name in scripts.stdout.split():
+        for module, names in re.findall(r"from ([\w.]+) import ([\w, ]+)", (REPO / name).read_text()):
+            if module.split(".")[0] in ours:
+                imported = importlib.import_module(module)
+                for attr in (a.strip() for a in names.split(",") if a.strip()):
+                    assert hasattr(imported, attr), f"{name}: {module} has no {attr}"
+                    checked.append(f"{module}.{attr}")
+    assert "common.deepspeed_import.quiet_deepspeed" in checked and "pretrain.ds_runtime.set_op_build_arch" in checked
